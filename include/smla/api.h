@@ -1,0 +1,30 @@
+// smla/api.h — backend choice for host-side callers (CLI, replay, C ABI, Python).
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+#include "smla/params.h"
+#include "smla/support.h"
+
+namespace smla {
+
+enum class Backend { kCpu, kCuda };
+
+std::string_view to_string(Backend b);
+Backend parse_backend(std::string_view name);  // "cpu" | "cuda"
+
+// Whether this build has the CUDA backend compiled in.
+bool built_with_cuda();
+// First CUDA device's properties, or an empty DeviceInfo (present() false) when none.
+DeviceInfo first_cuda_device();
+
+// Why `backend` cannot run g here, or OK.
+Support backend_support(Backend backend, const Geometry& g);
+Geometry geometry_of(const SparseMlaParams& p);
+
+// Runs p whose pointers are HOST memory on the chosen backend (the CUDA path copies to and from
+// the device and synchronizes). kv_bytes: size of the buffer p.kv points to.
+void run_host(Backend backend, const SparseMlaParams& p, size_t kv_bytes);
+
+}  // namespace smla

@@ -1,0 +1,28 @@
+// smla/cuda.h — the CUDA backend's entry points. No CUDA headers here: streams travel as void*
+// (a cudaStream_t), device pointers inside SparseMlaParams.
+#pragma once
+
+#include <cstddef>
+
+#include "smla/params.h"
+#include "smla/support.h"
+
+namespace smla::cuda {
+
+// Number of CUDA devices (0 when there is no device or no driver; never throws).
+int device_count();
+// Properties of device `ordinal` (throws Error when it does not exist).
+DeviceInfo device_info(int ordinal = 0);
+
+// Workspace bytes a launch of p needs on a device with num_sms SMs (0: none).
+size_t sparse_mla_workspace_bytes(const SparseMlaParams& p, int num_sms);
+
+// Launches DESIGN.md §1 on `stream`. Every pointer in p is a device pointer. Validates p on the
+// host (throws Error before any launch); never allocates and never synchronizes.
+void sparse_mla(const SparseMlaParams& p, void* workspace, size_t workspace_bytes, void* stream);
+
+// Convenience for the CLI and tests: p holds HOST pointers; copies inputs to device 0, runs,
+// copies out/lse back and synchronizes. kv_bytes: bytes of the cache buffer p.kv points to.
+void sparse_mla_from_host(const SparseMlaParams& p, size_t kv_bytes);
+
+}  // namespace smla::cuda

@@ -1,0 +1,29 @@
+// smla/plan.h — scheduling heuristics and workspace arithmetic as pure host functions.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace smla {
+
+// Entries of top-k below which a split is not worth its merge.
+inline constexpr int kMinEntriesPerSplit = 64;
+inline constexpr int kMaxSplits = 32;
+
+// How many pieces each row's top-k is split into so that the grid fills the GPU.
+// blocks_per_row: CTAs one row already uses (e.g. head groups). Returns 1 when T * blocks_per_row
+// already covers num_sms; otherwise ceil(num_sms / (T * blocks_per_row)), at most
+// ceil(topk / kMinEntriesPerSplit) and kMaxSplits. Depends only on its arguments, so a replayed
+// schedule is the captured one.
+// Examples (132 SMs): T = 1, 2 blocks/row, K = 2048 -> 32; T = 32, 2 blocks/row -> 3;
+// T = 128 -> 1; T = 1, K = 100 -> 2.
+int choose_num_splits(int64_t num_tokens, int blocks_per_row, int topk, int num_sms);
+
+// Bytes of split-K scratch: per (row, head, split) 512 fp32 partial outputs and one fp32 LSE,
+// rounded up to 256 bytes. 0 when splits == 1.
+size_t split_workspace_bytes(int64_t num_tokens, int num_heads, int splits);
+
+// Row-count bucket of T: the smallest power of two >= T (0 for T = 0).
+int64_t row_bucket(int64_t num_tokens);
+
+}  // namespace smla

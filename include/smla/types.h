@@ -1,0 +1,48 @@
+// smla/types.h — element types, KV row formats, LSE modes and the one error type.
+// Host-only, no CUDA headers: every layer may include it.
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+namespace smla {
+
+// Element types that cross the API.
+enum class DType : uint8_t { kBF16, kFP16, kFP32, kE4M3, kU8, kI32 };
+
+// KV cache row formats (DESIGN.md §3).
+enum class KvFormat : uint8_t { kBF16, kFP16, kFP8E4M3, kFP8DsMla, kNvFP4DsMla };
+
+// What the kernel returns as LSE: nothing, natural log, or log2.
+enum class LseMode : uint8_t { kOff, kBaseE, kBase2 };
+
+inline constexpr int kLatentDim = 512;  // NoPE / V width
+inline constexpr int kRopeDim = 64;     // RoPE width when present
+inline constexpr int kMaxNativeHeads = 128;
+
+// The one exception type. Messages name the argument and the fix.
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+[[noreturn]] inline void fail(const std::string& msg) { throw Error(msg); }
+
+#define SMLA_CHECK(cond, msg)                 \
+  do {                                        \
+    if (!(cond)) ::smla::fail(std::string(msg)); \
+  } while (0)
+
+std::string_view to_string(DType t);
+std::string_view to_string(KvFormat f);
+std::string_view to_string(LseMode m);
+int dtype_bytes(DType t);
+
+// Parse the names used on the CLI, in safetensors metadata and in Python
+// ("bf16", "fp16", "fp8_e4m3", "fp8_ds_mla", "nvfp4_ds_mla"). Throws Error on unknown names.
+KvFormat parse_kv_format(std::string_view name);
+DType parse_dtype(std::string_view name);  // "bf16", "fp16", "f32", "e4m3", "u8", "i32"
+
+}  // namespace smla

@@ -1,0 +1,65 @@
+#include <string>
+
+#include "smla/api.h"
+#include "smla/reference.h"
+#if SMLA_HAVE_CUDA
+#include "smla/cuda.h"
+#endif
+
+namespace smla {
+
+std::string_view to_string(Backend b) { return b == Backend::kCpu ? "cpu" : "cuda"; }
+
+Backend parse_backend(std::string_view name) {
+  if (name == "cpu") return Backend::kCpu;
+  if (name == "cuda") return Backend::kCuda;
+  fail("unknown backend '" + std::string(name) + "'; use cpu or cuda");
+}
+
+bool built_with_cuda() {
+#if SMLA_HAVE_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+DeviceInfo first_cuda_device() {
+#if SMLA_HAVE_CUDA
+  if (cuda::device_count() > 0) return cuda::device_info(0);
+#endif
+  return {};
+}
+
+Geometry geometry_of(const SparseMlaParams& p) {
+  Geometry g;
+  g.num_heads = p.num_heads;
+  g.rope_dim = p.rope_dim;
+  g.format = p.format;
+  g.q_dtype = p.q_dtype;
+  g.topk = p.topk;
+  g.lse_mode = p.lse ? p.lse_mode : LseMode::kOff;
+  g.sink = p.sink != nullptr;
+  return g;
+}
+
+Support backend_support(Backend backend, const Geometry& g) {
+  if (backend == Backend::kCpu) return support_cpu(g);
+  return support_cuda(g, first_cuda_device(), built_with_cuda());
+}
+
+void run_host(Backend backend, const SparseMlaParams& p, size_t kv_bytes) {
+  if (backend == Backend::kCpu) {
+    reference::sparse_mla(p);
+    return;
+  }
+  const Support s = backend_support(backend, geometry_of(p));
+  SMLA_CHECK(s.ok(), s.reason);
+#if SMLA_HAVE_CUDA
+  cuda::sparse_mla_from_host(p, kv_bytes);
+#else
+  (void)kv_bytes;
+#endif
+}
+
+}  // namespace smla

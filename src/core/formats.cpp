@@ -1,0 +1,119 @@
+// Row codecs of DESIGN.md §3. Straight loops; the scalar rounding lives in smla/numeric.h.
+#include "smla/formats.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "smla/numeric.h"
+
+namespace smla {
+
+int row_bytes(KvFormat format, int rope_dim) {
+  SMLA_CHECK(rope_dim == 0 || rope_dim == kRopeDim, "rope_dim must be 64 or 0");
+  const int d = kLatentDim + rope_dim;
+  switch (format) {
+    case KvFormat::kBF16:
+    case KvFormat::kFP16: return 2 * d;
+    case KvFormat::kFP8E4M3: return d;
+    case KvFormat::kFP8DsMla: return 656;
+    case KvFormat::kNvFP4DsMla: return 352;
+  }
+  fail("unknown KV format");
+}
+
+bool format_is_quantized(KvFormat format) {
+  return format != KvFormat::kBF16 && format != KvFormat::kFP16;
+}
+
+namespace {
+
+void put_u16(uint8_t* p, uint16_t v) { std::memcpy(p, &v, 2); }
+uint16_t get_u16(const uint8_t* p) {
+  uint16_t v;
+  std::memcpy(&v, p, 2);
+  return v;
+}
+
+}  // namespace
+
+void encode_row(KvFormat format, int rope_dim, const float* latent, const float* rope, float k_scale,
+                uint8_t* row) {
+  const int nbytes = row_bytes(format, rope_dim);
+  std::memset(row, 0, size_t(nbytes));
+  auto value = [&](int i) { return i < kLatentDim ? latent[i] : rope[i - kLatentDim]; };
+  const int d = kLatentDim + rope_dim;
+  switch (format) {
+    case KvFormat::kBF16:
+      for (int i = 0; i < d; ++i) put_u16(row + 2 * i, num::f32_to_bf16(value(i)));
+      return;
+    case KvFormat::kFP16:
+      for (int i = 0; i < d; ++i) put_u16(row + 2 * i, num::f32_to_fp16(value(i)));
+      return;
+    case KvFormat::kFP8E4M3:
+      SMLA_CHECK(std::isfinite(k_scale) && k_scale > 0, "k_scale must be finite and > 0");
+      for (int i = 0; i < d; ++i) row[i] = num::f32_to_e4m3(value(i) / k_scale);
+      return;
+    case KvFormat::kFP8DsMla:
+      for (int tile = 0; tile < 4; ++tile) {
+        float amax = 0.0f;
+        for (int i = 128 * tile; i < 128 * (tile + 1); ++i) amax = std::max(amax, std::fabs(latent[i]));
+        const float s = num::ds_mla_tile_scale(amax);
+        std::memcpy(row + 512 + 4 * tile, &s, 4);
+        for (int i = 128 * tile; i < 128 * (tile + 1); ++i) row[i] = num::f32_to_e4m3(latent[i] / s);
+      }
+      for (int i = 0; i < rope_dim; ++i) put_u16(row + 528 + 2 * i, num::f32_to_bf16(rope[i]));
+      return;
+    case KvFormat::kNvFP4DsMla:
+      for (int blk = 0; blk < 32; ++blk) {
+        float amax = 0.0f;
+        for (int i = 16 * blk; i < 16 * (blk + 1); ++i) amax = std::max(amax, std::fabs(latent[i]));
+        const uint8_t sb = num::nvfp4_block_scale(amax);
+        row[num::nvfp4_scale_offset(blk)] = sb;
+        const float sf = num::e4m3_to_f32(sb);
+        for (int i = 16 * blk; i < 16 * (blk + 1); i += 2) {
+          const uint8_t lo = num::f32_to_e2m1(latent[i] / sf);
+          const uint8_t hi = num::f32_to_e2m1(latent[i + 1] / sf);
+          row[i / 2] = uint8_t(lo | (hi << 4));
+        }
+      }
+      for (int i = 0; i < rope_dim; ++i) row[256 + i] = num::f32_to_e4m3(rope[i]);
+      return;
+  }
+}
+
+void decode_row(KvFormat format, int rope_dim, const uint8_t* row, float k_scale, float* out) {
+  const int d = kLatentDim + rope_dim;
+  switch (format) {
+    case KvFormat::kBF16:
+      for (int i = 0; i < d; ++i) out[i] = num::bf16_to_f32(get_u16(row + 2 * i));
+      return;
+    case KvFormat::kFP16:
+      for (int i = 0; i < d; ++i) out[i] = num::fp16_to_f32(get_u16(row + 2 * i));
+      return;
+    case KvFormat::kFP8E4M3:
+      for (int i = 0; i < d; ++i) out[i] = num::e4m3_to_f32(row[i]) * k_scale;
+      return;
+    case KvFormat::kFP8DsMla:
+      for (int tile = 0; tile < 4; ++tile) {
+        float s;
+        std::memcpy(&s, row + 512 + 4 * tile, 4);
+        for (int i = 128 * tile; i < 128 * (tile + 1); ++i) out[i] = num::e4m3_to_f32(row[i]) * s;
+      }
+      for (int i = 0; i < rope_dim; ++i) out[512 + i] = num::bf16_to_f32(get_u16(row + 528 + 2 * i));
+      return;
+    case KvFormat::kNvFP4DsMla:
+      for (int blk = 0; blk < 32; ++blk) {
+        const float sf = num::e4m3_to_f32(row[num::nvfp4_scale_offset(blk)]);
+        for (int i = 16 * blk; i < 16 * (blk + 1); ++i) {
+          const uint8_t byte = row[i / 2];
+          out[i] = num::e2m1_to_f32((i & 1) ? uint8_t(byte >> 4) : uint8_t(byte & 0xf)) * sf;
+        }
+      }
+      for (int i = 0; i < rope_dim; ++i) out[512 + i] = num::e4m3_to_f32(row[256 + i]);
+      return;
+  }
+  fail("unknown KV format");
+}
+
+}  // namespace smla

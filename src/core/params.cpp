@@ -1,0 +1,80 @@
+// Host-side validation of SparseMlaParams: the one place user input is checked.
+#include <cmath>
+#include <string>
+
+#include "smla/formats.h"
+#include "smla/params.h"
+
+namespace smla {
+namespace {
+std::string num(int64_t v) { return std::to_string(v); }
+}  // namespace
+
+void validate(const SparseMlaParams& p) {
+  SMLA_CHECK(p.num_tokens >= 0, "num_tokens (T) must be >= 0; got " + num(p.num_tokens));
+  SMLA_CHECK(p.num_heads >= 1, "num_heads (H) must be >= 1; got " + num(p.num_heads));
+  SMLA_CHECK(p.rope_dim == 0 || p.rope_dim == kRopeDim,
+             "rope_dim must be 64 (D = 576) or 0 (D = 512); got " + num(p.rope_dim));
+  SMLA_CHECK(p.topk >= 1, "idx must be int32 [T, K] with K >= 1; got K = " + num(p.topk));
+  SMLA_CHECK(p.q_dtype == DType::kBF16 || p.q_dtype == DType::kFP16 || p.q_dtype == DType::kE4M3,
+             "q must be bf16, fp16 or e4m3; got " + std::string(to_string(p.q_dtype)));
+  SMLA_CHECK(p.q_dtype != DType::kE4M3 || p.format == KvFormat::kFP8E4M3,
+             "an e4m3 q needs the fp8_e4m3 cache format (with q_scale); use a bf16 q for " +
+                 std::string(to_string(p.format)));
+  SMLA_CHECK(p.q_dtype != DType::kFP16 || p.format == KvFormat::kFP16 || format_is_quantized(p.format),
+             "an fp16 q needs an fp16 (or quantized) cache; got a bf16 cache: cast q to bf16");
+  SMLA_CHECK(p.q_dtype != DType::kBF16 || p.format != KvFormat::kFP16,
+             "a bf16 q needs a bf16 (or quantized) cache; got an fp16 cache: cast q to fp16");
+  SMLA_CHECK(std::isfinite(p.softmax_scale), "softmax_scale must be finite");
+  SMLA_CHECK(std::isfinite(p.q_scale) && p.q_scale > 0, "q_scale must be finite and > 0");
+  SMLA_CHECK(std::isfinite(p.k_scale) && p.k_scale > 0, "k_scale must be finite and > 0");
+  SMLA_CHECK(p.num_rows >= 0 && p.num_rows <= (int64_t(1) << 31),
+             "num_rows must be in [0, 2^31] (idx is int32); got " + num(p.num_rows));
+  const int rb = row_bytes(p.format, p.rope_dim);
+  SMLA_CHECK(p.num_rows == 0 || p.kv != nullptr, "kv is null but num_rows = " + num(p.num_rows));
+  SMLA_CHECK(p.num_rows == 0 || p.kv_row_stride_bytes >= rb,
+             "kv row stride must be >= " + num(rb) + " bytes for " + std::string(to_string(p.format)) +
+                 "; got " + num(p.kv_row_stride_bytes));
+  SMLA_CHECK(p.out_dtype == DType::kFP32 || (p.q_dtype == DType::kFP16) == (p.out_dtype == DType::kFP16),
+             "out must be fp16 for an fp16 q and bf16 otherwise (or f32 on the CPU backend); got " +
+                 std::string(to_string(p.out_dtype)));
+  SMLA_CHECK(p.out_dtype == DType::kBF16 || p.out_dtype == DType::kFP16 || p.out_dtype == DType::kFP32,
+             "out must be bf16, fp16 or f32");
+  if (p.num_tokens == 0) return;  // empty problem: nothing is read or written
+  const int D = p.head_dim();
+  const int q_width = p.q_rope ? kLatentDim : D;
+  SMLA_CHECK(p.q != nullptr, "q is null");
+  SMLA_CHECK(p.q_stride_h >= q_width && p.q_stride_t >= 0,
+             "q must be [T, H, " + num(q_width) + "] with head stride >= " + num(q_width) + "; got " +
+                 num(p.q_stride_h));
+  if (p.q_rope) {
+    SMLA_CHECK(p.rope_dim == kRopeDim, "q_rope is given but rope_dim = 0; pass q alone");
+    SMLA_CHECK(p.q_rope_stride_h >= kRopeDim && p.q_rope_stride_t >= 0,
+               "q_rope must be [T, H, 64] with head stride >= 64; got " + num(p.q_rope_stride_h));
+  }
+  SMLA_CHECK(p.idx != nullptr, "idx is null");
+  SMLA_CHECK(p.idx_stride_t >= p.topk,
+             "idx row stride must be >= K = " + num(p.topk) + "; got " + num(p.idx_stride_t));
+  SMLA_CHECK(p.out != nullptr, "out is null");
+  SMLA_CHECK(p.out_stride_h >= kLatentDim &&
+                 p.out_stride_t >= int64_t(p.num_heads - 1) * p.out_stride_h + kLatentDim,
+             "out must be [T, H, 512] with non-overlapping rows (head stride >= 512, row stride >= "
+             "(H-1)*head stride + 512)");
+  SMLA_CHECK(p.lse == nullptr || p.lse_stride_t >= p.num_heads,
+             "lse must be fp32 [T, H] with row stride >= H; got " + num(p.lse_stride_t));
+}
+
+void set_dense_strides(SparseMlaParams& p) {
+  const int qw = p.q_rope ? kLatentDim : p.head_dim();
+  p.q_stride_h = qw;
+  p.q_stride_t = int64_t(p.num_heads) * qw;
+  p.q_rope_stride_h = kRopeDim;
+  p.q_rope_stride_t = int64_t(p.num_heads) * kRopeDim;
+  if (p.kv_row_stride_bytes == 0) p.kv_row_stride_bytes = row_bytes(p.format, p.rope_dim);
+  p.idx_stride_t = p.topk;
+  p.out_stride_h = kLatentDim;
+  p.out_stride_t = int64_t(p.num_heads) * kLatentDim;
+  p.lse_stride_t = p.num_heads;
+}
+
+}  // namespace smla

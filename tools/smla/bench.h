@@ -1,0 +1,35 @@
+// Benchmark records shared by the CPU and CUDA benchmarks: one self-describing line per case
+// and a JSON array of the same records.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "cli.h"
+
+namespace smla::cli {
+
+struct BenchRecord {
+  std::string backend, kernel, format;
+  long long T = 0, H = 0, K = 0, D = 576, row_bytes = 0;
+  double valid_entries = 0;            // sum over rows of valid entries (the n of DESIGN.md §7)
+  double median_ms = 0, min_ms = 0, max_ms = 0;
+  double flops = 0, bytes = 0;         // DESIGN.md §7 counts
+  double gemm_tflops = 0, copy_tbps = 0;  // ceilings measured in the same run (0 on the CPU)
+  std::string repro;                   // command that reproduces the case
+  double tflops() const { return flops / (median_ms * 1e-3) / 1e12; }
+  double tbps() const { return bytes / (median_ms * 1e-3) / 1e12; }
+  // max(bytes / copy, flops / gemm) / time: 1.0 is the roofline.
+  double roofline_fraction() const;
+};
+
+void print_record(const BenchRecord& r);
+void write_json(const std::string& path, const std::vector<BenchRecord>& recs, const std::string& device,
+                double gemm_tflops, double copy_tbps);
+
+#if SMLA_HAVE_CUDA
+// The GPU benchmark (tools/smla/bench_cuda.cpp); returns the process exit code.
+int bench_cuda(const Args& a);
+#endif
+
+}  // namespace smla::cli

@@ -1,0 +1,76 @@
+// smla check: random problems through every available backend, compared with the float64
+// reference (DESIGN.md §8 tolerances: out relative L2 <= 1e-2, LSE abs <= 1e-3).
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "cli.h"
+#include "smla/api.h"
+#include "smla/testing.h"
+
+namespace smla::cli {
+namespace {
+
+struct Case {
+  const char* name;
+  testing::ProblemSpec spec;
+};
+
+std::vector<Case> cases(bool quick) {
+  std::vector<Case> v;
+  auto add = [&](const char* name, auto&& edit) {
+    testing::ProblemSpec s;
+    edit(s);
+    v.push_back({name, s});
+  };
+  for (KvFormat f : {KvFormat::kBF16, KvFormat::kFP16, KvFormat::kFP8E4M3, KvFormat::kFP8DsMla, KvFormat::kNvFP4DsMla}) {
+    add("H=16 K=64", [&](auto& s) {
+      s.format = f;
+      s.q_dtype = f == KvFormat::kFP16 ? DType::kFP16 : DType::kBF16;
+      s.out_dtype = f == KvFormat::kFP16 ? DType::kFP16 : DType::kBF16;
+    });
+  }
+  add("H=3 K=77 counts sink lse2", [](auto& s) {
+    s.num_heads = 3, s.topk = 77, s.use_counts = true, s.sink = true, s.lse_mode = LseMode::kBase2;
+  });
+  add("H=128 K=128 D=512", [](auto& s) { s.num_heads = 128, s.topk = 128, s.rope_dim = 0, s.num_tokens = 2; });
+  add("all-invalid row, q pair", [](auto& s) { s.all_invalid_row = true, s.q_pair = true; });
+  if (!quick) {
+    add("H=48 K=300 T=33", [](auto& s) { s.num_heads = 48, s.topk = 300, s.num_tokens = 33; });
+    add("H=128 K=2048 T=3", [](auto& s) { s.num_heads = 128, s.topk = 2048, s.num_tokens = 3, s.num_rows = 8192; });
+  }
+  return v;
+}
+
+}  // namespace
+
+int cmd_check(const Args& a) {
+  const uint64_t seed = uint64_t(a.get_int("seed", 1234));
+  const bool quick = a.has("quick");
+  int failures = 0, runs = 0;
+  std::printf("%-28s %-13s %-5s %-11s %-11s %s\n", "case", "format", "back", "out rel L2", "lse max abs", "result");
+  for (const auto& c : cases(quick)) {
+    for (Backend b : {Backend::kCpu, Backend::kCuda}) {
+      auto hp = testing::make_problem(c.spec, seed);
+      const Support s = backend_support(b, geometry_of(hp.params));
+      if (!s.ok()) {
+        std::printf("%-28s %-13s %-5s %-11s %-11s skipped: %s\n", c.name, std::string(to_string(c.spec.format)).c_str(),
+                    std::string(to_string(b)).c_str(), "-", "-", s.reason.c_str());
+        continue;
+      }
+      std::vector<double> ref_out, ref_lse;
+      testing::reference_double(hp, ref_out, ref_lse);
+      run_host(b, hp.params, hp.kv_bytes());
+      const auto d = testing::compare(hp, ref_out, ref_lse);
+      const bool ok = d.rel_l2 <= 1e-2 && d.lse_max_abs <= 1e-3;
+      ++runs;
+      failures += !ok;
+      std::printf("%-28s %-13s %-5s %-11.3e %-11.3e %s\n", c.name, std::string(to_string(c.spec.format)).c_str(),
+                  std::string(to_string(b)).c_str(), d.rel_l2, d.lse_max_abs, ok ? "PASS" : "FAIL");
+    }
+  }
+  std::printf("%d passed, %d failed\n", runs - failures, failures);
+  return failures ? 1 : 0;
+}
+
+}  // namespace smla::cli

@@ -1,0 +1,42 @@
+// smla info: the build, the devices found, and which backend/kernel would run a problem.
+#include <cstdio>
+
+#include "cli.h"
+#include "smla/api.h"
+#include "smla/formats.h"
+
+namespace smla::cli {
+
+int cmd_info(const Args& a) {
+  Geometry g;
+  g.num_heads = int(a.get_int("heads", 128));
+  g.format = parse_kv_format(a.get("format", "bf16"));
+  g.q_dtype = parse_dtype(a.get("q-dtype", g.format == KvFormat::kFP16 ? "fp16" : "bf16"));
+  g.topk = int(a.get_int("topk", 2048));
+  g.rope_dim = int(a.get_int("rope-dim", 64));
+  g.sink = a.has("sink");
+
+  std::printf("smla %s  (C++20; CUDA backend: %s)\n", "0.1.0", built_with_cuda() ? "built (sm_90a)" : "not built");
+  const DeviceInfo dev = first_cuda_device();
+  if (dev.present())
+    std::printf("device 0: %s, sm_%d%d, %d SMs, %zu KiB shared memory per block\n", dev.name.c_str(), dev.cc_major,
+                dev.cc_minor, dev.num_sms, dev.smem_per_block_optin / 1024);
+  else
+    std::printf("devices: none found\n");
+  std::printf("problem: H=%d D=%d format=%s (%d B/row) q=%s K=%d sink=%s\n", g.num_heads, kLatentDim + g.rope_dim,
+              std::string(to_string(g.format)).c_str(),
+              (g.rope_dim == 0 || g.rope_dim == 64) ? row_bytes(g.format, g.rope_dim) : 0,
+              std::string(to_string(g.q_dtype)).c_str(), g.topk, g.sink ? "on" : "off");
+  for (Backend b : {Backend::kCuda, Backend::kCpu}) {
+    const Support s = backend_support(b, g);
+    if (s.ok())
+      std::printf("  %-4s: runs%s%s\n", std::string(to_string(b)).c_str(),
+                  b == Backend::kCuda ? " with kernel " : " with the float64 reference",
+                  b == Backend::kCuda ? cuda_kernel_name(g).c_str() : "");
+    else
+      std::printf("  %-4s: cannot run: %s\n", std::string(to_string(b)).c_str(), s.reason.c_str());
+  }
+  return 0;
+}
+
+}  // namespace smla::cli
