@@ -22,13 +22,21 @@ inline constexpr int kLatentDim = 512;  // NoPE / V width
 inline constexpr int kRopeDim = 64;     // RoPE width when present
 inline constexpr int kMaxNativeHeads = 128;
 
-// The one exception type. Messages name the argument and the fix.
+// The one exception type. Messages name the argument and the fix; kind() tells a bad argument
+// from a geometry that no backend here supports (the C ABI maps it to a status code).
 class Error : public std::runtime_error {
  public:
-  using std::runtime_error::runtime_error;
+  enum class Kind { kInvalidArgument, kUnsupported, kInternal };
+  explicit Error(const std::string& msg, Kind kind = Kind::kInvalidArgument)
+      : std::runtime_error(msg), kind_(kind) {}
+  Kind kind() const { return kind_; }
+
+ private:
+  Kind kind_;
 };
 
 [[noreturn]] inline void fail(const std::string& msg) { throw Error(msg); }
+[[noreturn]] inline void fail_unsupported(const std::string& msg) { throw Error(msg, Error::Kind::kUnsupported); }
 
 #define SMLA_CHECK(cond, msg)                 \
   do {                                        \

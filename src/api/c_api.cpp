@@ -1,0 +1,132 @@
+// The C ABI: converts plain structs to the C++ API and exceptions to status codes.
+#include "smla/smla.h"
+
+#include <cstring>
+#include <exception>
+#include <new>
+#include <string>
+
+#include "smla/engine.h"
+
+struct smla_plan {
+  smla::Plan plan;
+};
+
+namespace {
+
+thread_local std::string g_last_error;
+
+template <class F>
+smla_status guarded(F&& f) {
+  try {
+    f();
+    g_last_error.clear();
+    return SMLA_OK;
+  } catch (const smla::Error& e) {
+    g_last_error = e.what();
+    switch (e.kind()) {
+      case smla::Error::Kind::kUnsupported: return SMLA_ERROR_UNSUPPORTED;
+      case smla::Error::Kind::kInternal: return SMLA_ERROR_INTERNAL;
+      default: return SMLA_ERROR_INVALID_ARGUMENT;
+    }
+  } catch (const std::bad_alloc&) {
+    g_last_error = "out of host memory";
+    return SMLA_ERROR_INTERNAL;
+  } catch (const std::exception& e) {
+    g_last_error = e.what();
+    return SMLA_ERROR_INTERNAL;
+  }
+}
+
+smla::KvFormat to_format(int32_t v) {
+  SMLA_CHECK(v >= 0 && v <= 4, "kv_format must be an smla_kv_format (0..4); got " + std::to_string(v));
+  return smla::KvFormat(v);
+}
+smla::DType to_dtype(int32_t v, const char* what) {
+  switch (v) {
+    case SMLA_BF16: return smla::DType::kBF16;
+    case SMLA_FP16: return smla::DType::kFP16;
+    case SMLA_FP32: return smla::DType::kFP32;
+    case SMLA_E4M3: return smla::DType::kE4M3;
+  }
+  smla::fail(std::string(what) + " must be an smla_dtype (0..3); got " + std::to_string(v));
+}
+smla::LseMode to_lse(int32_t v) {
+  SMLA_CHECK(v >= 0 && v <= 2, "lse_mode must be an smla_lse_mode (0..2); got " + std::to_string(v));
+  return smla::LseMode(v);
+}
+
+}  // namespace
+
+extern "C" {
+
+void smla_plan_config_init(smla_plan_config* cfg) {
+  if (!cfg) return;
+  std::memset(cfg, 0, sizeof(*cfg));
+  cfg->num_heads = 128, cfg->rope_dim = 64, cfg->kv_format = SMLA_KV_BF16, cfg->q_dtype = SMLA_BF16;
+  cfg->topk = 2048, cfg->lse_mode = SMLA_LSE_BASE_E, cfg->backend = SMLA_BACKEND_CUDA, cfg->max_rows = 1;
+}
+
+void smla_run_args_init(smla_run_args* a) {
+  if (!a) return;
+  std::memset(a, 0, sizeof(*a));
+  a->q_scale = 1.0f, a->k_scale = 1.0f;
+}
+
+smla_status smla_plan_create(const smla_plan_config* cfg, smla_plan** out_plan) {
+  return guarded([&] {
+    SMLA_CHECK(cfg != nullptr && out_plan != nullptr, "smla_plan_create: cfg and out_plan must not be null");
+    *out_plan = nullptr;
+    smla::PlanConfig pc;
+    pc.geometry.num_heads = cfg->num_heads;
+    pc.geometry.rope_dim = cfg->rope_dim;
+    pc.geometry.format = to_format(cfg->kv_format);
+    pc.geometry.q_dtype = to_dtype(cfg->q_dtype, "q_dtype");
+    pc.geometry.topk = cfg->topk;
+    pc.geometry.lse_mode = to_lse(cfg->lse_mode);
+    pc.geometry.sink = cfg->sink != 0;
+    pc.batch_invariant = cfg->batch_invariant != 0;
+    SMLA_CHECK(cfg->backend == SMLA_BACKEND_CPU || cfg->backend == SMLA_BACKEND_CUDA,
+               "backend must be SMLA_BACKEND_CPU or SMLA_BACKEND_CUDA");
+    pc.backend = cfg->backend == SMLA_BACKEND_CPU ? smla::Backend::kCpu : smla::Backend::kCuda;
+    pc.device = cfg->device;
+    pc.max_rows = cfg->max_rows;
+    SMLA_CHECK(cfg->num_graph_sizes >= 0 && (cfg->num_graph_sizes == 0 || cfg->graph_sizes),
+               "graph_sizes must hold num_graph_sizes entries");
+    pc.graph_sizes.assign(cfg->graph_sizes, cfg->graph_sizes + cfg->num_graph_sizes);
+    *out_plan = new smla_plan{smla::Plan(pc)};
+  });
+}
+
+void smla_plan_destroy(smla_plan* plan) { delete plan; }
+
+smla_status smla_plan_workspace_bytes(const smla_plan* plan, size_t* out_bytes) {
+  return guarded([&] {
+    SMLA_CHECK(plan && out_bytes, "smla_plan_workspace_bytes: plan and out_bytes must not be null");
+    *out_bytes = plan->plan.workspace_bytes();
+  });
+}
+
+smla_status smla_run(const smla_plan* plan, const smla_run_args* a, void* workspace, size_t workspace_bytes,
+                     void* stream) {
+  return guarded([&] {
+    SMLA_CHECK(plan && a, "smla_run: plan and args must not be null");
+    const smla::Geometry& g = plan->plan.config().geometry;
+    smla::SparseMlaParams p;
+    p.num_tokens = a->num_tokens, p.num_heads = g.num_heads, p.rope_dim = g.rope_dim, p.topk = a->topk;
+    p.q = a->q, p.q_stride_t = a->q_stride_t, p.q_stride_h = a->q_stride_h;
+    p.q_rope = a->q_rope, p.q_rope_stride_t = a->q_rope_stride_t, p.q_rope_stride_h = a->q_rope_stride_h;
+    p.q_dtype = g.q_dtype;
+    p.kv = a->kv, p.num_rows = a->num_rows, p.kv_row_stride_bytes = a->kv_row_stride_bytes, p.format = g.format;
+    p.idx = a->idx, p.idx_stride_t = a->idx_stride_t, p.counts = a->counts, p.sink = a->sink;
+    p.softmax_scale = a->softmax_scale, p.q_scale = a->q_scale, p.k_scale = a->k_scale;
+    p.out = a->out, p.out_stride_t = a->out_stride_t, p.out_stride_h = a->out_stride_h;
+    p.out_dtype = to_dtype(a->out_dtype, "out_dtype");
+    p.lse = a->lse, p.lse_stride_t = a->lse_stride_t, p.lse_mode = g.lse_mode;
+    plan->plan.run(p, workspace, workspace_bytes, stream);
+  });
+}
+
+const char* smla_last_error(void) { return g_last_error.c_str(); }
+
+}  // extern "C"
