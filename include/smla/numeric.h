@@ -132,6 +132,7 @@ SMLA_HD float ds_mla_tile_scale(float amax) {
   const float kMin = ldexpf(1.0f, -126);
   if (!(amax > 0.0f)) return kMin;
   const float r = amax / kE4M3Max;
+  if (!(r > kMin)) return kMin;  // also when amax / 448 underflows to 0 (frexpf(0) has no exponent)
   int ex;
   const float f = frexpf(r, &ex);  // r = f * 2^ex, f in [0.5,1)
   const float s = f == 0.5f ? ldexpf(1.0f, ex - 1) : ldexpf(1.0f, ex);  // 2^ceil(log2 r)
