@@ -1,0 +1,254 @@
+// Plan / run on the CUDA backend (issue: serving surface): CUDA-graph capture and replay is
+// bit-identical to eager runs, one plan shared by 8 host threads on their own streams, and bad
+// calls refused before any launch (also during capture). Skips without a CUDA device.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "smla/cuda.h"
+#include "smla/engine.h"
+#include "smla/testing.h"
+
+namespace {
+
+using namespace smla;
+
+#define SKIP_WITHOUT_GPU()                                                                  \
+  do {                                                                                      \
+    if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: GPU test not run";      \
+    if (!backend_support(Backend::kCuda, Geometry{}).ok()) GTEST_SKIP() << "no SM90 device"; \
+  } while (0)
+
+#define CUDA_OK(x) ASSERT_EQ((x), cudaSuccess) << #x
+
+uint64_t fresh_seed() {
+  std::random_device rd;
+  return (uint64_t(rd()) << 32) ^ rd();
+}
+
+// A host problem mirrored on the device; params() points at device memory.
+struct DeviceProblem {
+  smla::testing::HostProblem host;
+  void *q = nullptr, *kv = nullptr, *out = nullptr;
+  int32_t *idx = nullptr, *counts = nullptr;
+  float *lse = nullptr, *sink = nullptr;
+  void* ws = nullptr;
+  size_t ws_bytes = 0;
+
+  DeviceProblem(const smla::testing::ProblemSpec& s, uint64_t seed, size_t workspace) : host(smla::testing::make_problem(s, seed)) {
+    auto up = [](const auto& v, auto** dst) {
+      const size_t bytes = std::max<size_t>(1, v.size() * sizeof(v[0]));
+      EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(dst), bytes), cudaSuccess);
+      if (!v.empty()) EXPECT_EQ(cudaMemcpy(*dst, v.data(), v.size() * sizeof(v[0]), cudaMemcpyHostToDevice), cudaSuccess);
+    };
+    up(host.q, reinterpret_cast<uint8_t**>(&q));
+    up(host.kv, reinterpret_cast<uint8_t**>(&kv));
+    up(host.out, reinterpret_cast<uint8_t**>(&out));
+    up(host.idx, &idx);
+    up(host.counts, &counts);
+    up(host.lse, &lse);
+    up(host.sink, &sink);
+    ws_bytes = workspace;
+    if (ws_bytes) EXPECT_EQ(cudaMalloc(&ws, ws_bytes), cudaSuccess);
+  }
+  ~DeviceProblem() {
+    for (void* p : {q, kv, out, static_cast<void*>(idx), static_cast<void*>(counts), static_cast<void*>(lse),
+                    static_cast<void*>(sink), ws})
+      cudaFree(p);
+  }
+  SparseMlaParams params() const {
+    SparseMlaParams p = host.params;
+    p.q = q, p.kv = kv, p.out = out, p.idx = idx;
+    p.counts = host.params.counts ? counts : nullptr;
+    p.sink = host.params.sink ? sink : nullptr;
+    p.lse = host.params.lse ? lse : nullptr;
+    return p;
+  }
+  std::vector<uint8_t> out_bytes() const {
+    std::vector<uint8_t> h(host.out.size());
+    EXPECT_EQ(cudaMemcpy(h.data(), out, h.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+    return h;
+  }
+  std::vector<float> lse_values() const {
+    std::vector<float> h(host.lse.size());
+    EXPECT_EQ(cudaMemcpy(h.data(), lse, h.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    return h;
+  }
+  void poison_out() const {
+    EXPECT_EQ(cudaMemset(out, 0xff, host.out.size()), cudaSuccess);
+    EXPECT_EQ(cudaMemset(lse, 0xff, host.lse.size() * 4), cudaSuccess);
+  }
+};
+
+PlanConfig cuda_config(const smla::testing::ProblemSpec& s, int64_t max_rows) {
+  PlanConfig c;
+  c.backend = Backend::kCuda;
+  c.geometry.num_heads = s.num_heads, c.geometry.rope_dim = s.rope_dim, c.geometry.format = s.format;
+  c.geometry.q_dtype = s.q_dtype, c.geometry.topk = s.topk, c.geometry.lse_mode = s.lse_mode, c.geometry.sink = s.sink;
+  c.max_rows = max_rows;
+  c.graph_sizes = {24};
+  return c;
+}
+
+smla::testing::ProblemSpec mixed_batch() {
+  smla::testing::ProblemSpec s;
+  s.num_tokens = 24, s.num_heads = 64, s.topk = 300, s.num_rows = 20000;
+  s.use_counts = true, s.sink = true, s.all_invalid_row = true;
+  return s;
+}
+
+TEST(PlanGpu, GraphReplayIsBitIdenticalToEager) {
+  SKIP_WITHOUT_GPU();
+  const auto s = mixed_batch();
+  const Plan plan(cuda_config(s, 64));
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  DeviceProblem d(s, seed, plan.workspace_bytes());
+  const SparseMlaParams p = d.params();
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+
+  d.poison_out();
+  plan.run(p, d.ws, d.ws_bytes, stream);
+  CUDA_OK(cudaStreamSynchronize(stream));
+  const auto eager_out = d.out_bytes();
+  const auto eager_lse = d.lse_values();
+  {  // eager agrees with the float64 reference
+    std::vector<double> ref_out, ref_lse;
+    smla::testing::reference_double(d.host, ref_out, ref_lse);
+    auto got = d.host;
+    got.out = eager_out, got.lse = eager_lse;
+    got.bind();
+    const auto diff = smla::testing::compare(got, ref_out, ref_lse);
+    EXPECT_LE(diff.rel_l2, 1e-2);
+    EXPECT_LE(diff.lse_max_abs, 1e-3);
+  }
+
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  plan.run(p, d.ws, d.ws_bytes, stream);
+  CUDA_OK(cudaStreamEndCapture(stream, &graph));
+  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int i = 0; i < 100; ++i) {
+    if (i % 25 == 0) d.poison_out();
+    CUDA_OK(cudaGraphLaunch(exec, stream));
+    if (i % 25 == 0) {
+      CUDA_OK(cudaStreamSynchronize(stream));
+      ASSERT_EQ(d.out_bytes(), eager_out) << "replay " << i;
+      ASSERT_EQ(d.lse_values() == eager_lse, true) << "replay " << i;
+    }
+  }
+  CUDA_OK(cudaStreamSynchronize(stream));
+  EXPECT_EQ(d.out_bytes(), eager_out);
+
+  // Per-call time, eager vs graph replay (reported, not asserted).
+  auto time_us = [&](auto&& launch) {
+    for (int i = 0; i < 10; ++i) launch();
+    EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < 200; ++i) launch();
+    EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / 200;
+  };
+  const double eager_us = time_us([&] { plan.run(p, d.ws, d.ws_bytes, stream); });
+  const double replay_us = time_us([&] { EXPECT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess); });
+  std::printf("[ timing ] T=%lld H=%d K=%d: eager %.2f us/call, graph replay %.2f us/call\n", (long long)s.num_tokens,
+              s.num_heads, s.topk, eager_us, replay_us);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+TEST(PlanGpu, UnplannedCallFailsDuringCaptureWithoutLaunching) {
+  SKIP_WITHOUT_GPU();
+  const auto s = mixed_batch();
+  const Plan plan(cuda_config(s, 64));
+  DeviceProblem d(s, fresh_seed(), plan.workspace_bytes());
+  d.poison_out();
+  const auto poisoned = d.out_bytes();
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  SparseMlaParams bad = d.params();
+  bad.num_heads = 32;
+  try {
+    plan.run(bad, d.ws, d.ws_bytes, stream);
+    ADD_FAILURE() << "an unplanned H ran";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("plan was made for H = 64"), std::string::npos) << e.what();
+  }
+  cudaGraph_t graph;
+  CUDA_OK(cudaStreamEndCapture(stream, &graph));  // the capture is still valid: nothing was launched
+  size_t nodes = 99;
+  CUDA_OK(cudaGraphGetNodes(graph, nullptr, &nodes));
+  EXPECT_EQ(nodes, 0u);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+  EXPECT_EQ(d.out_bytes(), poisoned);
+}
+
+TEST(PlanGpu, BadArgumentsRefusedBeforeLaunch) {
+  SKIP_WITHOUT_GPU();
+  auto s = mixed_batch();
+  s.num_tokens = 200;  // no split: no workspace needed at this T, but the plan sizes for small T
+  const Plan plan(cuda_config(s, 256));
+  DeviceProblem d(s, fresh_seed(), plan.workspace_bytes());
+  d.poison_out();
+  const auto poisoned = d.out_bytes();
+  auto expect_refused = [&](SparseMlaParams p, size_t ws_bytes, const char* needle) {
+    try {
+      plan.run(p, d.ws, ws_bytes, nullptr);
+      ADD_FAILURE() << "expected refusal containing '" << needle << "'";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  SparseMlaParams p = d.params();
+  if (plan.workspace_bytes() > 0) expect_refused(p, plan.workspace_bytes() - 1, "workspace too small");
+  p = d.params(), p.q = nullptr, expect_refused(p, d.ws_bytes, "q is null");
+  p = d.params(), p.idx_stride_t = 5, expect_refused(p, d.ws_bytes, "idx row stride");
+  p = d.params(), p.out_stride_h = 100, expect_refused(p, d.ws_bytes, "out must be");
+  p = d.params(), p.num_tokens = 300, expect_refused(p, d.ws_bytes, "max_rows");
+  p = d.params(), p.kv_row_stride_bytes = 1000, expect_refused(p, d.ws_bytes, "kv row stride");
+  CUDA_OK(cudaDeviceSynchronize());
+  EXPECT_EQ(d.out_bytes(), poisoned);
+}
+
+TEST(PlanGpu, EightThreadsShareOnePlan) {
+  SKIP_WITHOUT_GPU();
+  const auto s = mixed_batch();
+  const Plan plan(cuda_config(s, 64));
+  const uint64_t seed = fresh_seed();
+  std::vector<std::vector<uint8_t>> first(8), last(8);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 8; ++i)
+    threads.emplace_back([&, i] {
+      cudaStream_t stream;
+      EXPECT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+      DeviceProblem d(s, seed, plan.workspace_bytes());  // same inputs in every thread
+      for (int rep = 0; rep < 20; ++rep) {
+        plan.run(d.params(), d.ws, d.ws_bytes, stream);
+        if (rep == 0) {
+          EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+          first[size_t(i)] = d.out_bytes();
+        }
+      }
+      EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+      last[size_t(i)] = d.out_bytes();
+      cudaStreamDestroy(stream);
+    });
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < 8; ++i) {
+    EXPECT_EQ(first[size_t(i)], first[0]) << "thread " << i;
+    EXPECT_EQ(last[size_t(i)], first[0]) << "thread " << i;
+  }
+}
+
+}  // namespace
