@@ -26,7 +26,9 @@ SMLA_HD float lse_merge(const float* lse, int n, float* weights) {
   for (int i = 0; i < n; ++i) sum += expf(lse_sanitize(lse[i]) - m);
   const float total = m + logf(sum);  // log(0) = -inf when every part is empty
   for (int i = 0; i < n; ++i) {
-    const float w = expf(lse_sanitize(lse[i]) - total);
+    // exp(l_i - L) computed as exp(l_i - m) / sum: L rounded to fp32 would cost ~|L| * 2^-24 of
+    // relative weight accuracy. sum = 0 (all empty) gives NaN, zeroed below.
+    const float w = expf(lse_sanitize(lse[i]) - m) / sum;
     weights[i] = (w == w && w != INFINITY) ? w : 0.0f;
   }
   return total;
