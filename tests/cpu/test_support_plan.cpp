@@ -1,0 +1,186 @@
+// Support checks (smla/support.h) and the pure planning heuristics (smla/plan.h).
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "smla/plan.h"
+#include "smla/support.h"
+
+using smla::DType;
+using smla::Geometry;
+using smla::KvFormat;
+
+namespace {
+
+constexpr KvFormat kFormats[] = {KvFormat::kBF16, KvFormat::kFP16, KvFormat::kFP8E4M3, KvFormat::kFP8DsMla,
+                                 KvFormat::kNvFP4DsMla};
+
+Geometry geo(KvFormat f, DType q, int heads = 128, int rope = 64, int topk = 2048) {
+  Geometry g;
+  g.format = f;
+  g.q_dtype = q;
+  g.num_heads = heads;
+  g.rope_dim = rope;
+  g.topk = topk;
+  return g;
+}
+
+smla::DeviceInfo device(int major, int minor, const char* name) {
+  smla::DeviceInfo d;
+  d.ordinal = 0;
+  d.cc_major = major;
+  d.cc_minor = minor;
+  d.num_sms = 132;
+  d.smem_per_block_optin = 232448;
+  d.name = name;
+  return d;
+}
+
+// A reason is one non-empty sentence that says what to do instead.
+void expect_reason(const smla::Support& s, const std::string& must_contain, const std::string& what) {
+  ASSERT_FALSE(s.ok()) << what;
+  EXPECT_GT(s.reason.size(), 15u) << what;
+  EXPECT_EQ(s.reason.find('\n'), std::string::npos) << what << ": " << s.reason;
+  const bool has_fix = s.reason.find("use") != std::string::npos || s.reason.find("cast") != std::string::npos ||
+                       s.reason.find("pass") != std::string::npos || s.reason.find("call") != std::string::npos ||
+                       s.reason.find("must be") != std::string::npos || s.reason.find("supports") != std::string::npos;
+  EXPECT_TRUE(has_fix) << what << ": reason names no fix: " << s.reason;
+  EXPECT_NE(s.reason.find(must_contain), std::string::npos) << what << ": " << s.reason;
+}
+
+}  // namespace
+
+TEST(Support, CommonAcceptsEveryDocumentedPairing) {
+  for (KvFormat f : kFormats)
+    for (int rope : {64, 0})
+      for (int heads : {1, 3, 16, 48, 128, 256})
+        for (int topk : {1, 100, 2048}) {
+          const std::string what = std::string(smla::to_string(f)) + " H=" + std::to_string(heads);
+          const DType q16 = f == KvFormat::kFP16 ? DType::kFP16 : DType::kBF16;
+          EXPECT_TRUE(smla::support_common(geo(f, q16, heads, rope, topk)).ok()) << what;
+          if (f != KvFormat::kBF16 && f != KvFormat::kFP16) {
+            // quantized caches take either 16-bit q
+            EXPECT_TRUE(smla::support_common(geo(f, DType::kFP16, heads, rope, topk)).ok()) << what;
+          }
+        }
+  Geometry g = geo(KvFormat::kFP8E4M3, DType::kE4M3);
+  g.lse_mode = smla::LseMode::kBase2;
+  g.sink = true;
+  EXPECT_TRUE(smla::support_common(g).ok());
+}
+
+TEST(Support, CommonReasons) {
+  expect_reason(smla::support_common(geo(KvFormat::kBF16, DType::kBF16, 0)), "num_heads", "H = 0");
+  expect_reason(smla::support_common(geo(KvFormat::kBF16, DType::kBF16, 128, 32)), "576", "rope 32");
+  expect_reason(smla::support_common(geo(KvFormat::kBF16, DType::kBF16, 128, 64, 0)), "top-k", "K = 0");
+  expect_reason(smla::support_common(geo(KvFormat::kBF16, DType::kFP32)), "bf16", "f32 q");
+  expect_reason(smla::support_common(geo(KvFormat::kBF16, DType::kI32)), "bf16", "i32 q");
+  for (KvFormat f : {KvFormat::kBF16, KvFormat::kFP16, KvFormat::kFP8DsMla, KvFormat::kNvFP4DsMla})
+    expect_reason(smla::support_common(geo(f, DType::kE4M3)), "fp8_e4m3", "e4m3 q with " + std::string(smla::to_string(f)));
+  expect_reason(smla::support_common(geo(KvFormat::kFP16, DType::kBF16)), "fp16", "bf16 q, fp16 cache");
+  expect_reason(smla::support_common(geo(KvFormat::kBF16, DType::kFP16)), "bf16", "fp16 q, bf16 cache");
+}
+
+TEST(Support, CpuSupportsWhatCommonSupports) {
+  for (KvFormat f : kFormats)
+    for (DType q : {DType::kBF16, DType::kFP16, DType::kE4M3, DType::kFP32})
+      for (int heads : {0, 1, 128, 512})
+        for (int rope : {0, 64, 16}) {
+          const Geometry g = geo(f, q, heads, rope);
+          EXPECT_EQ(smla::support_cpu(g).reason, smla::support_common(g).reason);
+        }
+}
+
+TEST(Support, CudaNeedsTheBuildADeviceAndSm90) {
+  const Geometry g = geo(KvFormat::kBF16, DType::kBF16);
+  const auto h200 = device(9, 0, "NVIDIA H200");
+  EXPECT_TRUE(smla::support_cuda(g, h200, true).ok()) << smla::support_cuda(g, h200, true).reason;
+  EXPECT_TRUE(smla::support_cuda(geo(KvFormat::kFP16, DType::kFP16, 16, 0, 100), h200, true).ok());
+  expect_reason(smla::support_cuda(g, h200, false), "CPU", "no CUDA build");
+  expect_reason(smla::support_cuda(g, smla::DeviceInfo{}, true), "CPU", "no device");
+  for (auto [maj, min] : {std::pair{8, 0}, std::pair{8, 9}, std::pair{10, 0}, std::pair{12, 0}, std::pair{9, 1}}) {
+    const auto s = smla::support_cuda(g, device(maj, min, "other GPU"), true);
+    expect_reason(s, "SM90", "sm_" + std::to_string(maj) + std::to_string(min));
+    EXPECT_NE(s.reason.find("sm_" + std::to_string(maj) + std::to_string(min)), std::string::npos) << s.reason;
+  }
+  // the shared rules still apply on the device
+  expect_reason(smla::support_cuda(geo(KvFormat::kBF16, DType::kFP16), h200, true), "bf16", "fp16 q, bf16 cache");
+}
+
+TEST(Support, CudaAnswersEveryGeometryWithOkOrAReason) {
+  const auto h200 = device(9, 0, "NVIDIA H200");
+  for (KvFormat f : kFormats)
+    for (int heads : {1, 3, 48, 128, 129, 256})
+      for (int rope : {64, 0}) {
+        const DType q = f == KvFormat::kFP16 ? DType::kFP16 : DType::kBF16;
+        const Geometry g = geo(f, q, heads, rope, 100);
+        const auto s = smla::support_cuda(g, h200, true);
+        const std::string what = std::string(smla::to_string(f)) + " H=" + std::to_string(heads);
+        if (s.ok()) {
+          EXPECT_FALSE(smla::cuda_kernel_name(g).empty()) << what;
+        } else {
+          expect_reason(s, "", what);
+        }
+      }
+}
+
+// ---- plan.h ---------------------------------------------------------------------------------------
+TEST(Plan, ChooseNumSplitsWorkedExamples) {
+  // the examples of plan.h (132 SMs)
+  EXPECT_EQ(smla::choose_num_splits(1, 2, 2048, 132), 32);   // ceil(132/2) = 66, capped at 32
+  EXPECT_EQ(smla::choose_num_splits(32, 2, 2048, 132), 3);   // ceil(132/64)
+  EXPECT_EQ(smla::choose_num_splits(128, 2, 2048, 132), 1);  // 256 blocks cover 132 SMs
+  EXPECT_EQ(smla::choose_num_splits(1, 2, 100, 132), 2);     // ceil(100/64)
+  // more, by the rule
+  EXPECT_EQ(smla::choose_num_splits(128, 1, 2048, 132), 2);  // ceil(132/128)
+  EXPECT_EQ(smla::choose_num_splits(132, 1, 2048, 132), 1);
+  EXPECT_EQ(smla::choose_num_splits(66, 2, 2048, 132), 1);
+  EXPECT_EQ(smla::choose_num_splits(3, 4, 2048, 132), 11);   // 12 blocks -> ceil(132/12)
+  EXPECT_EQ(smla::choose_num_splits(1, 1, 64, 132), 1);      // one split's worth of entries
+  EXPECT_EQ(smla::choose_num_splits(1, 1, 65, 132), 2);
+  EXPECT_EQ(smla::choose_num_splits(1, 1, 2048, 16), 16);
+  EXPECT_EQ(smla::choose_num_splits(0, 2, 2048, 132), 1);    // empty call
+  EXPECT_EQ(smla::choose_num_splits(int64_t(1) << 40, 2, 2048, 132), 1);
+}
+
+TEST(Plan, ChooseNumSplitsBounds) {
+  for (int64_t t : {1, 2, 5, 17, 64, 200})
+    for (int bpr : {1, 2, 4, 8})
+      for (int k : {1, 63, 64, 65, 500, 2048, 4096})
+        for (int sms : {16, 78, 114, 132}) {
+          const int s = smla::choose_num_splits(t, bpr, k, sms);
+          ASSERT_GE(s, 1);
+          ASSERT_LE(s, smla::kMaxSplits);
+          ASSERT_LE(s, (k + 63) / 64);
+          ASSERT_EQ(s, smla::choose_num_splits(t, bpr, k, sms));  // a pure function
+          if (t * bpr >= sms) {
+            ASSERT_EQ(s, 1);
+          }
+        }
+}
+
+TEST(Plan, SplitWorkspaceBytes) {
+  EXPECT_EQ(smla::split_workspace_bytes(1, 1, 1), 0u);
+  EXPECT_EQ(smla::split_workspace_bytes(100, 128, 1), 0u);
+  EXPECT_EQ(smla::split_workspace_bytes(0, 128, 8), 0u);
+  EXPECT_EQ(smla::split_workspace_bytes(1, 1, 2), 4352u);         // 2 * 513 * 4 = 4104 -> 17 * 256
+  EXPECT_EQ(smla::split_workspace_bytes(3, 3, 3), 55552u);        // 27 * 2052 = 55404 -> 217 * 256
+  EXPECT_EQ(smla::split_workspace_bytes(4, 128, 8), 8404992u);    // 4096 * 2052, already a multiple of 256
+  EXPECT_EQ(smla::split_workspace_bytes(65536, 128, 32), size_t(65536) * 128 * 32 * 2052);  // no int overflow
+}
+
+TEST(Plan, RowBucket) {
+  EXPECT_EQ(smla::row_bucket(0), 0);
+  EXPECT_EQ(smla::row_bucket(-5), 0);
+  EXPECT_EQ(smla::row_bucket(1), 1);
+  EXPECT_EQ(smla::row_bucket(2), 2);
+  EXPECT_EQ(smla::row_bucket(3), 4);
+  EXPECT_EQ(smla::row_bucket(5), 8);
+  EXPECT_EQ(smla::row_bucket(64), 64);
+  EXPECT_EQ(smla::row_bucket(65), 128);
+  EXPECT_EQ(smla::row_bucket(65535), 65536);
+  EXPECT_EQ(smla::row_bucket(65537), 131072);
+  EXPECT_EQ(smla::row_bucket((int64_t(1) << 40) + 1), int64_t(1) << 41);
+}
