@@ -1,6 +1,174 @@
-// placeholder: the GPU benchmark lands with the SM90 kernel
+// smla bench on a GPU: measures the two ceilings of DESIGN.md §7 in the same run (cuBLAS bf16
+// GEMM rate, device-to-device copy bandwidth), then times the sparse MLA kernel over a grid of
+// heads x rows with K random rows per token from a 1M-row pool made on the device.
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <string>
+#include <vector>
+
 #include "bench.h"
-#include "smla/types.h"
+#include "cuda/common/random_fill.h"
+#include "smla/api.h"
+#include "smla/cuda.h"
+#include "smla/formats.h"
+#include "smla/plan.h"
+
 namespace smla::cli {
-int bench_cuda(const Args&) { fail("the CUDA benchmark is not implemented yet; run smla bench --backend cpu"); }
+namespace {
+
+void ck(cudaError_t e, const char* what) { SMLA_CHECK(e == cudaSuccess, std::string(what) + ": " + cudaGetErrorString(e)); }
+void ckb(cublasStatus_t s, const char* what) { SMLA_CHECK(s == CUBLAS_STATUS_SUCCESS, std::string(what) + " failed"); }
+
+struct DevMem {
+  void* p = nullptr;
+  explicit DevMem(size_t bytes) { ck(cudaMalloc(&p, bytes), "cudaMalloc"); }
+  ~DevMem() { cudaFree(p); }
+  DevMem(const DevMem&) = delete;
+  DevMem& operator=(const DevMem&) = delete;
+};
+
+struct Timing {
+  double median = 0, min = 0, max = 0;
+};
+
+// Times fn() (stream work) `reps` times after `warmup` runs, each between its own event pair.
+template <typename Fn>
+Timing time_events(cudaStream_t s, int warmup, int reps, Fn&& fn) {
+  for (int i = 0; i < warmup; ++i) fn(i);
+  cudaEvent_t a, b;
+  ck(cudaEventCreate(&a), "event");
+  ck(cudaEventCreate(&b), "event");
+  std::vector<double> ms;
+  for (int i = 0; i < reps; ++i) {
+    ck(cudaEventRecord(a, s), "record");
+    fn(warmup + i);
+    ck(cudaEventRecord(b, s), "record");
+    ck(cudaEventSynchronize(b), "sync");
+    float t = 0;
+    ck(cudaEventElapsedTime(&t, a, b), "elapsed");
+    ms.push_back(t);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::sort(ms.begin(), ms.end());
+  return {ms[ms.size() / 2], ms.front(), ms.back()};
+}
+
+// Dense bf16 GEMM rate (TFLOP/s) through cuBLAS, 8192^3 on random data.
+double measure_gemm_tflops(cudaStream_t s) {
+  const int n = 8192;
+  const size_t elems = size_t(n) * n;
+  DevMem A(elems * 2), B(elems * 2), C(elems * 2);
+  cuda::fill_random_16bit(A.p, elems, DType::kBF16, 11, s);
+  cuda::fill_random_16bit(B.p, elems, DType::kBF16, 12, s);
+  cublasHandle_t h;
+  ckb(cublasCreate(&h), "cublasCreate");
+  ckb(cublasSetStream(h, s), "cublasSetStream");
+  const float alpha = 1.0f, beta = 0.0f;
+  const Timing t = time_events(s, 3, 15, [&](int) {
+    ckb(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &alpha, A.p, CUDA_R_16BF, n, B.p, CUDA_R_16BF, n, &beta,
+                     C.p, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+        "cublasGemmEx");
+  });
+  cublasDestroy(h);
+  return 2.0 * n * double(n) * n / (t.median * 1e-3) / 1e12;
+}
+
+// Device-to-device copy bandwidth (TB/s), counting bytes read plus bytes written.
+double measure_copy_tbps(cudaStream_t s) {
+  const size_t bytes = size_t(2) << 30;
+  DevMem src(bytes), dst(bytes);
+  ck(cudaMemsetAsync(src.p, 1, bytes, s), "memset");
+  const Timing t = time_events(s, 3, 15, [&](int) {
+    ck(cudaMemcpyAsync(dst.p, src.p, bytes, cudaMemcpyDeviceToDevice, s), "cudaMemcpyAsync");
+  });
+  return 2.0 * double(bytes) / (t.median * 1e-3) / 1e12;
+}
+
+}  // namespace
+
+int bench_cuda(const Args& a) {
+  const auto Ts = a.get_ints("T", {1, 32, 128, 512, 4096});
+  const auto Hs = a.get_ints("heads", {128, 64, 32, 16, 8});
+  const int K = int(a.get_int("topk", 2048));
+  const int D = int(a.get_int("dim", 576));
+  const int reps = std::max(20, int(a.get_int("reps", 30)));
+  const int warmup = 3;
+  const int64_t pool_rows = a.get_int("pool", 1 << 20);
+  const KvFormat fmt = parse_kv_format(a.get("format", "bf16"));
+  SMLA_CHECK(fmt == KvFormat::kBF16 || fmt == KvFormat::kFP16,
+             "smla bench on the GPU runs the bf16 / fp16 cache formats; got " + std::string(to_string(fmt)));
+  SMLA_CHECK(D == 576 || D == 512, "--dim must be 576 or 512");
+  SMLA_CHECK(K >= 1, "--topk must be >= 1");
+  const DType qt = fmt == KvFormat::kFP16 ? DType::kFP16 : DType::kBF16;
+  const int rope = D - kLatentDim;
+  const int rb = row_bytes(fmt, rope);
+  const DeviceInfo dev = cuda::device_info(0);
+  ck(cudaSetDevice(0), "cudaSetDevice");
+  cudaStream_t s;
+  ck(cudaStreamCreate(&s), "stream");
+
+  const double gemm = measure_gemm_tflops(s);
+  const double copy = measure_copy_tbps(s);
+  std::printf("device %s (%d SMs): cuBLAS bf16 GEMM %.1f TFLOP/s, D2D copy %.3f TB/s (read + write)\n",
+              dev.name.c_str(), dev.num_sms, gemm, copy);
+  std::printf("pool %lld rows x %d B = %.2f GB (made on the device), K = %d random rows per token\n",
+              (long long)pool_rows, rb, double(pool_rows) * rb / 1e9, K);
+
+  DevMem pool(size_t(pool_rows) * rb);
+  cuda::fill_random_16bit(pool.p, size_t(pool_rows) * rb / 2, qt, 1, s);
+
+  std::vector<BenchRecord> recs;
+  uint64_t seed = 100;
+  for (long long H : Hs)
+    for (long long T : Ts) {
+      // Index sets rotate so that a small case does not find its rows in L2 from the last rep.
+      const double case_bytes = double(T) * K * rb;
+      const int rot = case_bytes >= 256e6 ? 1 : warmup + reps;
+      const size_t idx_elems = size_t(T) * K;
+      DevMem q(size_t(T) * H * D * 2), out(size_t(T) * H * kLatentDim * 2), lse(size_t(T) * H * 4);
+      DevMem idx(idx_elems * rot * 4);
+      cuda::fill_random_16bit(q.p, size_t(T) * H * D, qt, ++seed, s);
+      cuda::fill_random_rows(static_cast<int32_t*>(idx.p), idx_elems * rot, pool_rows, ++seed, s);
+
+      SparseMlaParams p;
+      p.num_tokens = T, p.num_heads = int(H), p.rope_dim = rope, p.topk = K;
+      p.q = q.p, p.q_dtype = qt, p.kv = pool.p, p.num_rows = pool_rows, p.format = fmt;
+      p.idx = static_cast<const int32_t*>(idx.p);
+      p.softmax_scale = 0.1352338f;
+      p.out = out.p, p.out_dtype = qt, p.lse = static_cast<float*>(lse.p), p.lse_mode = LseMode::kBaseE;
+      set_dense_strides(p);
+      const size_t wsb = cuda::sparse_mla_workspace_bytes(p, dev.num_sms);
+      DevMem ws(std::max<size_t>(wsb, 256));
+      const Timing t = time_events(s, warmup, reps, [&](int i) {
+        SparseMlaParams pi = p;
+        pi.idx = p.idx + size_t(i % rot) * idx_elems;
+        cuda::sparse_mla(pi, ws.p, wsb, s);
+      });
+
+      BenchRecord r;
+      r.backend = "cuda";
+      Geometry g = geometry_of(p);
+      const int splits = choose_num_splits(T, int((H + 63) / 64), K, dev.num_sms);
+      r.kernel = cuda_kernel_name(g) + (splits > 1 ? " split" + std::to_string(splits) : "");
+      r.format = std::string(to_string(fmt));
+      r.T = T, r.H = H, r.K = K, r.D = D, r.row_bytes = rb;
+      r.valid_entries = double(T) * K;
+      r.median_ms = t.median, r.min_ms = t.min, r.max_ms = t.max;
+      r.flops = 2.0 * H * r.valid_entries * (D + kLatentDim);
+      r.bytes = r.valid_entries * rb;
+      r.gemm_tflops = gemm, r.copy_tbps = copy;
+      r.repro = "smla bench --format " + r.format + " --heads " + std::to_string(H) + " --T " + std::to_string(T) +
+                " --topk " + std::to_string(K) + " --dim " + std::to_string(D);
+      print_record(r);
+      recs.push_back(r);
+    }
+  cudaStreamDestroy(s);
+  if (a.has("json")) write_json(a.get("json", ""), recs, dev.name, gemm, copy);
+  return 0;
+}
+
 }  // namespace smla::cli

@@ -1,0 +1,70 @@
+// Device-side random fills for benchmarks: counter-based (splitmix64 of seed and index), so the
+// data does not depend on the launch shape.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "cuda/common/random_fill.h"
+
+namespace smla::cuda {
+namespace {
+
+__device__ __forceinline__ uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// Sum of two uniforms in [-1, 1), times sqrt(6)/... scaled to unit variance: var = 2/3 -> * 1.2247.
+__device__ __forceinline__ float unit_noise(uint64_t h) {
+  const float a = float(uint32_t(h) >> 8) * (1.0f / 8388608.0f) - 1.0f;
+  const float b = float(uint32_t(h >> 32) >> 8) * (1.0f / 8388608.0f) - 1.0f;
+  return (a + b) * 1.2247449f;
+}
+
+template <bool kBf16>
+__global__ void fill_16bit_kernel(uint16_t* dst, size_t count, uint64_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < count; i += size_t(gridDim.x) * blockDim.x) {
+    const float v = unit_noise(splitmix64(seed ^ (i * 0x2545f4914f6cdd1dull)));
+    if constexpr (kBf16) {
+      __nv_bfloat16 b = __float2bfloat16_rn(v);
+      dst[i] = *reinterpret_cast<uint16_t*>(&b);
+    } else {
+      __half b = __float2half_rn(v);
+      dst[i] = *reinterpret_cast<uint16_t*>(&b);
+    }
+  }
+}
+
+__global__ void fill_rows_kernel(int32_t* dst, size_t count, int64_t num_rows, uint64_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < count; i += size_t(gridDim.x) * blockDim.x)
+    dst[i] = int32_t(splitmix64(seed ^ (i * 0x9e3779b97f4a7c15ull)) % uint64_t(num_rows));
+}
+
+void check_launch(const char* what) {
+  const cudaError_t e = cudaGetLastError();
+  SMLA_CHECK(e == cudaSuccess, std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+}  // namespace
+
+void fill_random_16bit(void* dst, size_t count, DType type, uint64_t seed, void* stream) {
+  SMLA_CHECK(type == DType::kBF16 || type == DType::kFP16, "fill_random_16bit: type must be bf16 or fp16");
+  if (count == 0) return;
+  auto s = static_cast<cudaStream_t>(stream);
+  if (type == DType::kBF16) fill_16bit_kernel<true><<<4096, 256, 0, s>>>(static_cast<uint16_t*>(dst), count, seed);
+  else fill_16bit_kernel<false><<<4096, 256, 0, s>>>(static_cast<uint16_t*>(dst), count, seed);
+  check_launch("fill_random_16bit");
+}
+
+void fill_random_rows(int32_t* dst, size_t count, int64_t num_rows, uint64_t seed, void* stream) {
+  SMLA_CHECK(num_rows > 0, "fill_random_rows: num_rows must be > 0");
+  if (count == 0) return;
+  fill_rows_kernel<<<4096, 256, 0, static_cast<cudaStream_t>(stream)>>>(dst, count, num_rows, seed);
+  check_launch("fill_random_rows");
+}
+
+}  // namespace smla::cuda

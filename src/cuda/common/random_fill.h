@@ -1,0 +1,19 @@
+// Device-side random data for benchmarks (large pools are made on the GPU, not copied from the
+// host). Host-callable, no CUDA headers: streams travel as void* (a cudaStream_t).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "smla/types.h"
+
+namespace smla::cuda {
+
+// count 16-bit values (bf16 or fp16) of a zero-mean, unit-variance-ish distribution
+// (sum of two uniforms, scaled), a pure function of (seed, index).
+void fill_random_16bit(void* dst, size_t count, DType type, uint64_t seed, void* stream);
+
+// count int32 row ids uniform in [0, num_rows).
+void fill_random_rows(int32_t* dst, size_t count, int64_t num_rows, uint64_t seed, void* stream);
+
+}  // namespace smla::cuda

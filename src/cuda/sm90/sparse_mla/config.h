@@ -1,0 +1,90 @@
+// SM90 sparse MLA for 16-bit (bf16 / fp16) KV caches: the kernel's params struct, its
+// compile-time constants and its shared-memory plan. Host-compilable (no CUDA headers), so the
+// shared-memory budget is checked by every build, CUDA or not.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace smla::cuda::sm90::sparse_mla {
+
+// What the launcher hands the kernel: validated, strides in elements, scales pre-multiplied.
+struct KernelParams {
+  int64_t num_tokens;  // T
+  int num_heads;       // H (1..128)
+  int head_groups;     // blocks per token along heads; group g covers heads [g * kHeadTile, ...)
+  int num_splits;      // blocks per token along the top-k (1: no split, no workspace)
+  int topk;            // K, capacity of idx rows
+  int row_chunks;      // 16-byte chunks of one KV row: 72 (D = 576) or 64 (D = 512)
+  int k_steps;         // 16-wide steps of the QK^T reduction: D / 16 (36 or 32)
+
+  const void* q;       // [T, H, D] 16-bit, or [T, H, 512] when q_rope is set; strides q_stride_*
+  int64_t q_stride_t, q_stride_h;
+  const void* q_rope;  // nullable: [T, H, 64] 16-bit; strides q_rope_stride_*
+  int64_t q_rope_stride_t, q_rope_stride_h;
+  bool q_vec16;        // q / q_rope pointers and strides allow 16-byte loads
+
+  const uint8_t* kv;   // row r at kv + r * kv_row_stride_bytes (16-byte aligned); nullable if num_rows == 0
+  int64_t kv_row_stride_bytes;
+  int64_t num_rows;
+
+  const int32_t* idx;  // [T, K] int32, row stride idx_stride_t
+  int64_t idx_stride_t;
+  const int32_t* counts;  // nullable: [T]
+  const float* sink;      // nullable: [H]
+
+  float scale_log2;  // softmax_scale * q_scale * log2(e): scores are kept in the log2 domain
+
+  void* out;  // [T, H, 512] 16-bit (same type as q), strides out_stride_*
+  int64_t out_stride_t, out_stride_h;
+  bool out_vec2;  // out pointer and strides allow 4-byte (two-element) stores
+  float* lse;     // nullable: [T, H] fp32, row stride lse_stride_t
+  int64_t lse_stride_t;
+  bool lse_base2;
+
+  // Split-K scratch (num_splits > 1): partial outputs normalized by their own sum, and their
+  // natural-log LSE (-inf for an empty split).
+  float* part_out;  // [T, H, num_splits, 512] fp32
+  float* part_lse;  // [T, H, num_splits] fp32
+};
+
+inline constexpr int kLatent = 512;
+inline constexpr int kMaxDim = 576;           // smem rows always hold the D = 576 layout
+inline constexpr int kRowBytesMax = kMaxDim * 2;
+inline constexpr int kBlockK = 64;            // top-k entries per pipeline tile
+inline constexpr int kStages = 2;             // tiles in flight: one computed, one gathering
+inline constexpr int kWarpsPerMTile = 4;      // the 4 warps of a 16-head tile split 64 columns / 512 dims
+inline constexpr int kOutColsPerWarp = kLatent / kWarpsPerMTile;     // 128 output dims per warp
+inline constexpr int kScoreColsPerWarp = kBlockK / kWarpsPerMTile;   // 16 score columns per warp
+
+// kMTiles 16-row MMA tiles of heads per block (1, 2 or 4: head tiles of 16, 32, 64). Each 16-head
+// tile gets 4 warps, so the fp32 output accumulator is 16 x 128 per warp (64 registers/thread).
+template <int kMTiles>
+struct Config {
+  static constexpr int kHeadTile = 16 * kMTiles;
+  static constexpr int kWarps = kWarpsPerMTile * kMTiles;
+  static constexpr int kThreads = 32 * kWarps;
+
+  // Rows are stored densely (1152 B) with their 16-byte chunks XOR-swizzled by (row % 8) inside
+  // each group of 8 chunks, so the 8 row addresses of one ldmatrix hit 8 distinct bank groups.
+  struct SharedStorage {
+    uint16_t q[kHeadTile * kMaxDim];            // (kHeadTile, 576) swizzled; heads past H are 0
+    uint16_t kv[kStages][kBlockK * kMaxDim];    // (kBlockK, 576) per stage: K and V are the same rows
+    uint16_t p[kHeadTile * kBlockK];            // (kHeadTile, kBlockK) softmax numerators, swizzled
+    float row_part[kWarpsPerMTile][kHeadTile];  // per-warp row max (then row sum) exchange
+    float col_bias[kStages][kBlockK];           // 0 for a valid entry, -inf for a masked one
+  };
+  static constexpr size_t kSmemBytes = sizeof(SharedStorage);
+};
+
+inline constexpr size_t kSmemLimit = 227 * 1024;  // SM90 opt-in per-block limit
+static_assert(Config<1>::kSmemBytes <= kSmemLimit, "head tile 16: shared memory over 227 KiB");
+static_assert(Config<2>::kSmemBytes <= kSmemLimit, "head tile 32: shared memory over 227 KiB");
+static_assert(Config<4>::kSmemBytes <= kSmemLimit, "head tile 64: shared memory over 227 KiB");
+static_assert(kBlockK == kWarpsPerMTile * 16, "each warp scores two 8-wide MMA column tiles");
+
+// Head tile (rows of one block) for H heads: 16, 32 or 64; H > 64 uses groups of 64.
+inline int head_tile_for(int num_heads) { return num_heads <= 16 ? 16 : num_heads <= 32 ? 32 : 64; }
+inline int head_groups_for(int num_heads) { return (num_heads + 63) / 64; }
+
+}  // namespace smla::cuda::sm90::sparse_mla

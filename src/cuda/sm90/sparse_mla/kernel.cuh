@@ -1,0 +1,327 @@
+// SM90 sparse MLA, 16-bit caches: one block per (token, head group, top-k split).
+//
+// A block owns kHeadTile heads of one token and walks that token's selected rows in tiles of
+// kBlockK = 64 entries. Each tile is gathered whole (1152-byte rows, 16-byte cp.async) into one
+// of two shared-memory stages while the other is computed, so every KV row crosses the memory
+// bus once per head group (once per token for H <= 64).
+//
+// Warp roles, 4 warps per 16-head MMA tile (mw = warp / 4, wq = warp % 4):
+//   scores  S(16 x 64) = Q(16 x D) K^T: warp wq computes columns [16 wq, 16 wq + 16);
+//   softmax the 4 warps of a head tile exchange row maxima through shared memory, so every warp
+//           of the tile rescales with the same running max and row sums can stay per warp;
+//   output  O(16 x 512) += P(16 x 64) V(64 x 512): warp wq owns dims [128 wq, 128 wq + 128).
+// All softmax math is fp32 in the log2 domain (scores pre-multiplied by log2 e).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+
+#include "cuda/common/ptx.cuh"
+#include "cuda/sm90/sparse_mla/config.h"
+#include "smla/state.h"
+
+namespace smla::cuda::sm90::sparse_mla {
+
+inline constexpr float kLog2e = 1.4426950408889634f;
+inline constexpr float kLn2 = 0.6931471805599453f;
+
+// Physical 16-byte chunk of logical chunk `ch` in row `r`: XOR by row inside groups of 8 chunks
+// (128 bytes), so 8 consecutive rows at one logical chunk land in 8 different bank groups.
+__device__ __forceinline__ int swizzle(int r, int ch) { return (ch & ~7) | ((ch ^ r) & 7); }
+
+template <typename Elem, int kMTiles>
+__global__ void __launch_bounds__(Config<kMTiles>::kThreads, 1)
+    sparse_mla_kernel(const __grid_constant__ KernelParams p) {
+  using Cfg = Config<kMTiles>;
+  using Smem = typename Cfg::SharedStorage;
+  extern __shared__ __align__(128) uint8_t smem_raw[];
+  Smem& s = *reinterpret_cast<Smem*>(smem_raw);
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int mw = warp / kWarpsPerMTile;  // head MMA tile of this warp
+  const int wq = warp % kWarpsPerMTile;  // score-column quarter, then output-dim quarter
+  const int g = lane >> 2, tq = lane & 3;  // MMA fragment row / column-pair of this lane
+  const int64_t t = blockIdx.x;
+  const int head0 = blockIdx.y * Cfg::kHeadTile;
+  const int split = blockIdx.z;
+
+  // ---- this block's entry range [begin, end) of the token's active top-k.
+  int n = p.topk;
+  if (p.counts != nullptr) n = min(max(p.counts[t], 0), p.topk);
+  int chunk = (n + p.num_splits - 1) / p.num_splits;
+  chunk = (chunk + kBlockK - 1) / kBlockK * kBlockK;  // whole tiles per split
+  const int begin = min(n, split * chunk);
+  const int end = min(n, begin + chunk);
+  const int num_tiles = (end - begin + kBlockK - 1) / kBlockK;
+  const int32_t* idx_row = p.idx + t * p.idx_stride_t;
+
+  // Gathers tile `tile` into stage `stage`: one warp per row, 32 lanes over its 16-byte chunks.
+  // A masked entry (past `end`, negative or >= num_rows) is never dereferenced: its smem row is
+  // zero-filled and its score column gets a -inf bias.
+  auto gather = [&](int tile, int stage) {
+    const int e0 = begin + tile * kBlockK;
+    const uint32_t stage_base = ptx::smem_addr(s.kv[stage]);
+    for (int r = warp; r < kBlockK; r += Cfg::kWarps) {
+      const int e = e0 + r;
+      int64_t row = -1;
+      if (e < end) {
+        row = idx_row[e];
+        if (row >= p.num_rows) row = -1;
+      }
+      const uint32_t dst = stage_base + uint32_t(r * kRowBytesMax);
+      if (row >= 0) {
+        const uint8_t* src = p.kv + row * p.kv_row_stride_bytes;
+        for (int ch = lane; ch < p.row_chunks; ch += 32) ptx::cp_async_16(dst + swizzle(r, ch) * 16, src + ch * 16);
+      } else {
+        for (int ch = lane; ch < p.row_chunks; ch += 32) ptx::st_shared_zero16(dst + swizzle(r, ch) * 16);
+      }
+      if (lane == 0) s.col_bias[stage][r] = row >= 0 ? 0.0f : -INFINITY;
+    }
+  };
+
+  if (num_tiles > 0) {
+    gather(0, 0);
+    ptx::cp_async_commit();
+    if (num_tiles > 1) gather(1, 1);
+    ptx::cp_async_commit();
+
+    // ---- Q (kHeadTile, D) -> smem, heads past H zero. Overlaps the first gathers.
+    const int q_chunks = 2 * p.k_steps;
+    for (int c = tid; c < Cfg::kHeadTile * q_chunks; c += Cfg::kThreads) {
+      const int hr = c / q_chunks, ch = c - hr * q_chunks;
+      const int h = head0 + hr;
+      uint4 v = make_uint4(0, 0, 0, 0);
+      if (h < p.num_heads) {
+        const uint16_t* src =
+            (ch < kLatent / 8 || p.q_rope == nullptr)
+                ? static_cast<const uint16_t*>(p.q) + t * p.q_stride_t + h * p.q_stride_h + ch * 8
+                : static_cast<const uint16_t*>(p.q_rope) + t * p.q_rope_stride_t + h * p.q_rope_stride_h +
+                      (ch - kLatent / 8) * 8;
+        if (p.q_vec16) {
+          v = *reinterpret_cast<const uint4*>(src);
+        } else {
+          uint16_t e[8];
+#pragma unroll
+          for (int i = 0; i < 8; ++i) e[i] = src[i];
+          v = make_uint4(e[0] | uint32_t(e[1]) << 16, e[2] | uint32_t(e[3]) << 16, e[4] | uint32_t(e[5]) << 16,
+                         e[6] | uint32_t(e[7]) << 16);
+        }
+      }
+      *reinterpret_cast<uint4*>(reinterpret_cast<uint8_t*>(s.q) + hr * kRowBytesMax + swizzle(hr, ch) * 16) = v;
+    }
+  }
+
+  float acc_o[kOutColsPerWarp / 8][4];  // (16 heads, 128 dims): 16 n-tiles of the C fragment
+#pragma unroll
+  for (int j = 0; j < kOutColsPerWarp / 8; ++j) acc_o[j][0] = acc_o[j][1] = acc_o[j][2] = acc_o[j][3] = 0.0f;
+  float m_run[2] = {-INFINITY, -INFINITY};  // running max of rows g, g + 8 (log2 domain)
+  float l_run[2] = {0.0f, 0.0f};            // this lane's share of the row sums
+
+  const uint32_t q_base = ptx::smem_addr(s.q), p_base = ptx::smem_addr(s.p);
+  const int a_row = mw * 16 + (lane & 15);  // ldmatrix row of an A (16 x 16) operand
+  const int a_sel = lane >> 4;              // its 8-column half
+  const int kb_row = wq * 16 + (lane & 7) + ((lane >> 4) << 3);  // K rows: n of B (QK^T)
+  const int kb_sel = (lane >> 3) & 1;
+  const int vb_row = (lane & 7) + (((lane >> 3) & 1) << 3);  // V rows: k of B (PV), + 16 kk
+  const int vb_sel = lane >> 4;
+
+  for (int tile = 0; tile < num_tiles; ++tile) {
+    const int stage = tile & 1;
+    ptx::cp_async_wait<kStages - 1>();
+    __syncthreads();  // (A) this tile's rows, Q and col_bias are visible to every warp
+    const uint32_t kv_base = ptx::smem_addr(s.kv[stage]);
+
+    // ---- S(16 x 16 per warp) = Q K^T; two accumulator sets break the MMA dependency chain.
+    float acc_s[2][2][4] = {};  // [k-step parity][n-tile][C fragment]
+    {
+      const uint32_t qa = q_base + a_row * kRowBytesMax;
+      const uint32_t kb = kv_base + kb_row * kRowBytesMax;
+      for (int ks = 0; ks < p.k_steps; ks += 2) {
+#pragma unroll
+        for (int par = 0; par < 2; ++par) {
+          uint32_t a[4], b[4];
+          ptx::ldmatrix_x4(a, qa + swizzle(a_row, 2 * (ks + par) + a_sel) * 16);
+          ptx::ldmatrix_x4(b, kb + swizzle(kb_row, 2 * (ks + par) + kb_sel) * 16);
+          ptx::mma_16816<Elem>(acc_s[par][0], a, b[0], b[1]);
+          ptx::mma_16816<Elem>(acc_s[par][1], a, b[2], b[3]);
+        }
+      }
+    }
+
+    // ---- scores (log2 domain) with the mask; this warp's row maxima -> shared memory.
+    float sc[2][4];
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        sc[nt][i] = (acc_s[0][nt][i] + acc_s[1][nt][i]) * p.scale_log2 +
+                    s.col_bias[stage][wq * 16 + nt * 8 + 2 * tq + (i & 1)];
+    float mx[2] = {fmaxf(fmaxf(sc[0][0], sc[0][1]), fmaxf(sc[1][0], sc[1][1])),
+                   fmaxf(fmaxf(sc[0][2], sc[0][3]), fmaxf(sc[1][2], sc[1][3]))};
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+    }
+    if (tq == 0) {
+      s.row_part[wq][mw * 16 + g] = mx[0];
+      s.row_part[wq][mw * 16 + g + 8] = mx[1];
+    }
+    __syncthreads();  // (B) row maxima of all 4 column warps
+
+    // ---- online softmax: P = exp2(S - m) as 16-bit into smem, rescale O and the row sums.
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = mw * 16 + g + 8 * r;
+      float tile_max = s.row_part[0][row];
+#pragma unroll
+      for (int w = 1; w < kWarpsPerMTile; ++w) tile_max = fmaxf(tile_max, s.row_part[w][row]);
+      const float m_new = fmaxf(m_run[r], tile_max);
+      const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // all masked so far: avoid inf - inf
+      const float alpha = ptx::fast_exp2(m_run[r] - m_use);
+      m_run[r] = m_new;
+      float sum = 0.0f;
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        const float p0 = ptx::fast_exp2(sc[nt][2 * r] - m_use), p1 = ptx::fast_exp2(sc[nt][2 * r + 1] - m_use);
+        sum += p0 + p1;
+        const int chunk16 = wq * 2 + nt;  // 16-byte chunk of the 64-wide P row
+        *reinterpret_cast<uint32_t*>(reinterpret_cast<uint8_t*>(s.p) + row * (kBlockK * 2) +
+                                     swizzle(row, chunk16) * 16 + tq * 4) = Elem::pack(p0, p1);
+      }
+      l_run[r] = l_run[r] * alpha + sum;
+#pragma unroll
+      for (int j = 0; j < kOutColsPerWarp / 8; ++j) {
+        acc_o[j][2 * r] *= alpha;
+        acc_o[j][2 * r + 1] *= alpha;
+      }
+    }
+    __syncthreads();  // (C) P of all 64 columns is in smem
+
+    // ---- O(16 x 128 per warp) += P(16 x 64) V(64 x 128). Not unrolled over kk: at the 128-register
+    // cap of the 64-head tile, unrolling hoists loads and spills.
+#pragma unroll 1
+    for (int kk = 0; kk < kBlockK / 16; ++kk) {
+      uint32_t a[4];
+      ptx::ldmatrix_x4(a, p_base + a_row * (kBlockK * 2) + swizzle(a_row, 2 * kk + a_sel) * 16);
+      const int vr = kk * 16 + vb_row;
+      const uint32_t vb = kv_base + vr * kRowBytesMax;
+#pragma unroll
+      for (int np = 0; np < kOutColsPerWarp / 16; ++np) {
+        uint32_t b[4];
+        ptx::ldmatrix_x4_trans(b, vb + swizzle(vr, wq * (kOutColsPerWarp / 8) + 2 * np + vb_sel) * 16);
+        ptx::mma_16816<Elem>(acc_o[2 * np], a, b[0], b[1]);
+        ptx::mma_16816<Elem>(acc_o[2 * np + 1], a, b[2], b[3]);
+      }
+    }
+    __syncthreads();  // (D) every warp is done with this stage and with P
+
+    if (tile + kStages < num_tiles) gather(tile + kStages, stage);
+    ptx::cp_async_commit();  // possibly empty: keeps "wait for all but the newest group" exact
+  }
+
+  // ---- row sums: lanes of a quad, then the 4 column warps of the head tile.
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 1);
+    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 2);
+  }
+  if (tq == 0) {
+    s.row_part[wq][mw * 16 + g] = l_run[0];
+    s.row_part[wq][mw * 16 + g + 8] = l_run[1];
+  }
+  __syncthreads();
+
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = mw * 16 + g + 8 * r;
+    const int h = head0 + row;
+    if (h >= p.num_heads) continue;
+    float l = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarpsPerMTile; ++w) l += s.row_part[w][row];
+    const float m = m_run[r];  // finite whenever l > 0
+    // Natural-log LSE of this block's entries; -inf when it saw no valid entry.
+    const float lse_e = l > 0.0f ? (m + log2f(l)) * kLn2 : -INFINITY;
+    const int d0 = wq * kOutColsPerWarp + 2 * tq;
+    if (p.num_splits == 1) {
+      float denom = l;
+      if (p.sink != nullptr && l > 0.0f) denom += exp2f(p.sink[h] * kLog2e - m);
+      const float inv = l > 0.0f ? 1.0f / denom : 0.0f;  // empty row: exactly 0
+      auto* out = static_cast<uint16_t*>(p.out) + t * p.out_stride_t + int64_t(h) * p.out_stride_h + d0;
+#pragma unroll
+      for (int j = 0; j < kOutColsPerWarp / 8; ++j) {
+        const uint32_t v = Elem::pack(acc_o[j][2 * r] * inv, acc_o[j][2 * r + 1] * inv);
+        if (p.out_vec2) {
+          *reinterpret_cast<uint32_t*>(out + j * 8) = v;
+        } else {
+          out[j * 8] = uint16_t(v & 0xffffu);
+          out[j * 8 + 1] = uint16_t(v >> 16);
+        }
+      }
+      if (p.lse != nullptr && wq == 0 && tq == 0)
+        p.lse[t * p.lse_stride_t + h] = p.lse_base2 ? lse_e * kLog2e : lse_e;
+    } else {
+      const int64_t part = (t * p.num_heads + h) * p.num_splits + split;
+      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+      float* po = p.part_out + part * kLatent + d0;
+#pragma unroll
+      for (int j = 0; j < kOutColsPerWarp / 8; ++j)
+        *reinterpret_cast<float2*>(po + j * 8) = make_float2(acc_o[j][2 * r] * inv, acc_o[j][2 * r + 1] * inv);
+      if (wq == 0 && tq == 0) p.part_lse[part] = lse_e;
+    }
+  }
+}
+
+// Split-K merge: one block of 128 threads per (token, head), 4 output dims per thread. The
+// weights come from smla::lse_merge (state.h), the one merge rule of the project; the order of
+// the sum is fixed, so the result is deterministic.
+template <typename Elem>
+__global__ void __launch_bounds__(128) combine_kernel(const __grid_constant__ KernelParams p) {
+  __shared__ float s_lse[32], s_w[32], s_total;
+  const int64_t th = blockIdx.x;  // t * H + h
+  const int64_t t = th / p.num_heads;
+  const int h = int(th - t * p.num_heads);
+  const int S = p.num_splits;
+  if (threadIdx.x < S) s_lse[threadIdx.x] = p.part_lse[th * S + threadIdx.x];
+  __syncthreads();
+  if (threadIdx.x == 0) s_total = lse_merge(s_lse, S, s_w);
+  __syncthreads();
+  const float total = s_total;  // natural log; -inf when the row is empty
+  float scale = 1.0f;
+  if (p.sink != nullptr && total != -INFINITY) scale = 1.0f / (1.0f + expf(p.sink[h] - total));
+  const int d = threadIdx.x * 4;
+  float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  for (int s = 0; s < S; ++s) {
+    const float w = s_w[s];
+    const float4 v = *reinterpret_cast<const float4*>(p.part_out + (th * S + s) * kLatent + d);
+    acc.x += w * v.x, acc.y += w * v.y, acc.z += w * v.z, acc.w += w * v.w;
+  }
+  auto* out = static_cast<uint16_t*>(p.out) + t * p.out_stride_t + int64_t(h) * p.out_stride_h + d;
+  const uint32_t v01 = Elem::pack(acc.x * scale, acc.y * scale), v23 = Elem::pack(acc.z * scale, acc.w * scale);
+  if (p.out_vec2) {
+    reinterpret_cast<uint32_t*>(out)[0] = v01;
+    reinterpret_cast<uint32_t*>(out)[1] = v23;
+  } else {
+    out[0] = uint16_t(v01), out[1] = uint16_t(v01 >> 16), out[2] = uint16_t(v23), out[3] = uint16_t(v23 >> 16);
+  }
+  if (p.lse != nullptr && threadIdx.x == 0) p.lse[t * p.lse_stride_t + h] = p.lse_base2 ? total * kLog2e : total;
+}
+
+// ---- launchers (instantiated once each in the .cu files of this folder).
+template <typename Elem, int kMTiles>
+void launch_main(const KernelParams& p, cudaStream_t stream) {
+  using Cfg = Config<kMTiles>;
+  auto* kernel = sparse_mla_kernel<Elem, kMTiles>;
+  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Cfg::kSmemBytes));
+  const dim3 grid(unsigned(p.num_tokens), unsigned(p.head_groups), unsigned(p.num_splits));
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
+}
+
+template <typename Elem>
+void launch_combine(const KernelParams& p, cudaStream_t stream) {
+  combine_kernel<Elem><<<unsigned(p.num_tokens * p.num_heads), 128, 0, stream>>>(p);
+}
+
+}  // namespace smla::cuda::sm90::sparse_mla

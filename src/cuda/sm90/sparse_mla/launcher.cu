@@ -1,0 +1,129 @@
+// Host entry of the SM90 16-bit sparse MLA: checks, schedule (head groups, top-k splits),
+// KernelParams, and the one compile-time dispatch (element type x head tile).
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "cuda/sm90/sparse_mla/launcher.h"
+#include "smla/cuda.h"
+#include "smla/formats.h"
+#include "smla/plan.h"
+
+namespace smla::cuda {
+namespace {
+
+namespace k = sm90::sparse_mla;
+
+// What this kernel adds to validate(): the parts of the general contract it does not cover.
+void check_kernel_supports(const SparseMlaParams& p) {
+  SMLA_CHECK(p.format == KvFormat::kBF16 || p.format == KvFormat::kFP16,
+             "the SM90 kernel reads bf16 / fp16 caches; got " + std::string(to_string(p.format)) +
+                 ": use the CPU backend for this format");
+  SMLA_CHECK(p.num_heads <= kMaxNativeHeads, "H = " + std::to_string(p.num_heads) +
+                                                 " exceeds 128 heads per call; call once per group of <= 128 heads");
+  SMLA_CHECK(p.out_dtype != DType::kFP32,
+             "out_dtype f32 is CPU-only; the CUDA backend writes bf16 (fp16 for an fp16 q)");
+  SMLA_CHECK(p.num_tokens < (int64_t(1) << 31), "T must be < 2^31 on the CUDA backend");
+  if (p.num_tokens == 0) return;
+  SMLA_CHECK(p.num_rows == 0 || (reinterpret_cast<uintptr_t>(p.kv) % 16 == 0 && p.kv_row_stride_bytes % 16 == 0),
+             "kv must be 16-byte aligned with a row stride that is a multiple of 16 bytes (got stride " +
+                 std::to_string(p.kv_row_stride_bytes) + ")");
+  SMLA_CHECK(reinterpret_cast<uintptr_t>(p.q) % 2 == 0 && reinterpret_cast<uintptr_t>(p.out) % 2 == 0 &&
+                 reinterpret_cast<uintptr_t>(p.q_rope) % 2 == 0,
+             "q, q_rope and out must be aligned to their 2-byte elements");
+  SMLA_CHECK(reinterpret_cast<uintptr_t>(p.idx) % 4 == 0 && reinterpret_cast<uintptr_t>(p.counts) % 4 == 0 &&
+                 reinterpret_cast<uintptr_t>(p.lse) % 4 == 0 && reinterpret_cast<uintptr_t>(p.sink) % 4 == 0,
+             "idx, counts, lse and sink must be 4-byte aligned");
+}
+
+int current_num_sms() {
+  int dev = 0, n = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
+  SMLA_CHECK(e == cudaSuccess, std::string("cannot query the CUDA device: ") + cudaGetErrorString(e));
+  return n;
+}
+
+int num_splits_for(const SparseMlaParams& p, int num_sms) {
+  return choose_num_splits(p.num_tokens, k::head_groups_for(p.num_heads), p.topk, num_sms);
+}
+
+bool aligned(const void* ptr, int64_t bytes) { return reinterpret_cast<uintptr_t>(ptr) % uint64_t(bytes) == 0; }
+
+}  // namespace
+
+size_t sparse_mla_workspace_bytes(const SparseMlaParams& p, int num_sms) {
+  if (p.num_tokens <= 0) return 0;
+  return split_workspace_bytes(p.num_tokens, p.num_heads, num_splits_for(p, num_sms));
+}
+
+void sparse_mla(const SparseMlaParams& p, void* workspace, size_t workspace_bytes, void* stream) {
+  validate(p);
+  check_kernel_supports(p);
+  if (p.num_tokens == 0) return;  // empty problem: nothing to launch
+
+  const int splits = num_splits_for(p, current_num_sms());
+  const size_t need = split_workspace_bytes(p.num_tokens, p.num_heads, splits);
+  SMLA_CHECK(workspace_bytes >= need && (need == 0 || workspace != nullptr),
+             "workspace too small: this launch splits the top-k " + std::to_string(splits) + " ways and needs " +
+                 std::to_string(need) + " bytes (sparse_mla_workspace_bytes); got " + std::to_string(workspace_bytes));
+  SMLA_CHECK(need == 0 || aligned(workspace, 16), "workspace must be 16-byte aligned");
+
+  k::KernelParams kp{};
+  kp.num_tokens = p.num_tokens;
+  kp.num_heads = p.num_heads;
+  kp.head_groups = k::head_groups_for(p.num_heads);
+  kp.num_splits = splits;
+  kp.topk = p.topk;
+  kp.row_chunks = row_bytes(p.format, p.rope_dim) / 16;
+  kp.k_steps = p.head_dim() / 16;
+  kp.q = p.q;
+  kp.q_stride_t = p.q_stride_t, kp.q_stride_h = p.q_stride_h;
+  kp.q_rope = p.q_rope;
+  kp.q_rope_stride_t = p.q_rope_stride_t, kp.q_rope_stride_h = p.q_rope_stride_h;
+  kp.q_vec16 = aligned(p.q, 16) && p.q_stride_t % 8 == 0 && p.q_stride_h % 8 == 0 &&
+               (p.q_rope == nullptr ||
+                (aligned(p.q_rope, 16) && p.q_rope_stride_t % 8 == 0 && p.q_rope_stride_h % 8 == 0));
+  kp.kv = static_cast<const uint8_t*>(p.kv);
+  kp.kv_row_stride_bytes = p.kv_row_stride_bytes;
+  kp.num_rows = p.num_rows;
+  kp.idx = p.idx;
+  kp.idx_stride_t = p.idx_stride_t;
+  kp.counts = p.counts;
+  kp.sink = p.sink;
+  kp.scale_log2 = p.softmax_scale * p.q_scale * 1.4426950408889634f;
+  kp.out = p.out;
+  kp.out_stride_t = p.out_stride_t, kp.out_stride_h = p.out_stride_h;
+  kp.out_vec2 = aligned(p.out, 4) && p.out_stride_t % 2 == 0 && p.out_stride_h % 2 == 0;
+  kp.lse = p.lse_mode == LseMode::kOff ? nullptr : p.lse;
+  kp.lse_stride_t = p.lse_stride_t;
+  kp.lse_base2 = p.lse_mode == LseMode::kBase2;
+  if (splits > 1) {
+    kp.part_out = static_cast<float*>(workspace);
+    kp.part_lse = kp.part_out + p.num_tokens * p.num_heads * splits * kLatentDim;
+  }
+
+  auto s = static_cast<cudaStream_t>(stream);
+  const bool fp16 = p.q_dtype == DType::kFP16;
+  const int tile = k::head_tile_for(p.num_heads);
+  // The one switch from runtime values to template arguments.
+  if (fp16) {
+    if (tile == 16) k::launch_main<ptx::Fp16, 1>(kp, s);
+    else if (tile == 32) k::launch_main<ptx::Fp16, 2>(kp, s);
+    else k::launch_main<ptx::Fp16, 4>(kp, s);
+  } else {
+    if (tile == 16) k::launch_main<ptx::Bf16, 1>(kp, s);
+    else if (tile == 32) k::launch_main<ptx::Bf16, 2>(kp, s);
+    else k::launch_main<ptx::Bf16, 4>(kp, s);
+  }
+  cudaError_t e = cudaGetLastError();
+  SMLA_CHECK(e == cudaSuccess, std::string("sparse MLA kernel launch failed: ") + cudaGetErrorString(e));
+  if (splits > 1) {
+    if (fp16) k::launch_combine<ptx::Fp16>(kp, s);
+    else k::launch_combine<ptx::Bf16>(kp, s);
+    e = cudaGetLastError();
+    SMLA_CHECK(e == cudaSuccess, std::string("sparse MLA split merge launch failed: ") + cudaGetErrorString(e));
+  }
+}
+
+}  // namespace smla::cuda

@@ -1,0 +1,17 @@
+// Declarations of the instantiated launchers of the SM90 16-bit sparse MLA kernel (one .cu per
+// instantiation in this folder) and of the host entry that dispatches to them.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "cuda/common/ptx.cuh"
+#include "cuda/sm90/sparse_mla/config.h"
+
+namespace smla::cuda::sm90::sparse_mla {
+
+template <typename Elem, int kMTiles>
+void launch_main(const KernelParams& p, cudaStream_t stream);
+template <typename Elem>
+void launch_combine(const KernelParams& p, cudaStream_t stream);
+
+}  // namespace smla::cuda::sm90::sparse_mla
