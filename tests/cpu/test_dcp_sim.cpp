@@ -10,93 +10,24 @@
 #include "smla/formats.h"
 #include "smla/numeric.h"
 #include "smla/reference.h"
+#include "../common/dcp_case.h"
 
 namespace {
 
 using namespace smla;
 
-struct Case {
-  std::vector<std::vector<uint8_t>> req_rows;  // per request, [len][row_bytes]
-  std::vector<int64_t> req_offset;             // first flat row of each request
-  std::vector<uint8_t> flat;                   // all requests' rows back to back
-  std::vector<uint16_t> q;                     // [T,H,576] bf16
-  std::vector<int32_t> positions, req_of_token;
-  int64_t T = 6;
-  int H = 4, K = 200;
-};
-
-Case make_case(uint64_t seed, int interleave) {
-  Case c;
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> normal;
-  const int rb = row_bytes(KvFormat::kBF16, 64);
-  const std::vector<int64_t> lens = {1300, 700, 90};
-  std::vector<float> latent(512), rope(64);
-  for (int64_t len : lens) {
-    c.req_offset.push_back(int64_t(c.flat.size()) / rb);
-    std::vector<uint8_t> rows(size_t(len * rb));
-    for (int64_t i = 0; i < len; ++i) {
-      for (auto& v : latent) v = normal(rng);
-      for (auto& v : rope) v = normal(rng);
-      encode_row(KvFormat::kBF16, 64, latent.data(), rope.data(), 1.0f, rows.data() + i * rb);
-    }
-    c.flat.insert(c.flat.end(), rows.begin(), rows.end());
-    c.req_rows.push_back(std::move(rows));
-  }
-  c.q.resize(size_t(c.T * c.H * 576));
-  for (auto& v : c.q) v = num::f32_to_bf16(normal(rng));
-  c.positions.assign(size_t(c.T * c.K), -1);
-  c.req_of_token.resize(size_t(c.T));
-  for (int64_t t = 0; t < c.T; ++t) {
-    const int req = int(t % 3);
-    c.req_of_token[size_t(t)] = req;
-    for (int j = 0; j < c.K; ++j) {
-      int32_t pos = int32_t(rng() % uint64_t(lens[size_t(req)]));
-      if (t == 1) pos = int32_t(rng() % uint64_t(interleave));  // every entry on rank 0
-      if (j % 17 == 5) pos = -1;                                  // padding
-      if (j % 29 == 7) pos = 1 << 24;                             // past every block table
-      c.positions[size_t(t * c.K + j)] = pos;
-    }
-  }
-  for (int j = 0; j < c.K; ++j) c.positions[size_t(5 * c.K + j)] = -1;  // an all-empty row
-  return c;
-}
-
-SparseMlaParams base_params(const Case& c) {
-  SparseMlaParams p;
-  p.num_tokens = c.T, p.num_heads = c.H, p.topk = c.K, p.rope_dim = 64;
-  p.q = c.q.data(), p.q_dtype = DType::kBF16, p.format = KvFormat::kBF16;
-  p.softmax_scale = 0.1352338f;
-  set_dense_strides(p);
-  return p;
-}
-
 class DcpSim : public ::testing::TestWithParam<std::tuple<int, int>> {};
 
 TEST_P(DcpSim, EqualsUnshardedReference) {
   const auto [world, interleave] = GetParam();
-  const Case c = make_case(1000 + world * 7 + interleave, interleave);
-  const int rb = row_bytes(KvFormat::kBF16, 64);
-
-  // Reference: flat logical cache, idx = request offset + position (invalid stays invalid).
-  std::vector<int32_t> idx(c.positions.size());
-  for (int64_t t = 0; t < c.T; ++t)
-    for (int j = 0; j < c.K; ++j) {
-      const int32_t pos = c.positions[size_t(t * c.K + j)];
-      const int req = c.req_of_token[size_t(t)];
-      const int64_t len = int64_t(c.req_rows[size_t(req)].size()) / rb;
-      idx[size_t(t * c.K + j)] = (pos >= 0 && pos < len) ? int32_t(c.req_offset[size_t(req)] + pos) : -1;
-    }
-  SparseMlaParams p = base_params(c);
-  p.kv = c.flat.data(), p.num_rows = int64_t(c.flat.size()) / rb, p.kv_row_stride_bytes = rb;
-  p.idx = idx.data();
-  std::vector<float> ref_out(size_t(c.T * c.H * 512)), ref_lse(size_t(c.T * c.H));
-  p.out = ref_out.data(), p.out_dtype = DType::kFP32, p.lse = ref_lse.data();
-  reference::sparse_mla(p);
+  const auto c = smla::test::make_dcp_case(1000 + world * 7 + interleave, interleave, KvFormat::kBF16, 4);
+  const int rb = c.row_bytes;
+  std::vector<float> ref_out, ref_lse;
+  smla::test::dcp_case_reference(c, ref_out, ref_lse);
 
   const auto caches = dcp::shard_cache(c.req_rows, rb, world, interleave, 64, 96);
   std::vector<float> out(ref_out.size(), NAN), lse(ref_lse.size(), NAN);
-  dcp::simulate_decode(base_params(c), caches, c.positions.data(), c.req_of_token.data(), world, interleave,
+  dcp::simulate_decode(smla::test::dcp_case_params(c), caches, c.positions.data(), c.req_of_token.data(), world, interleave,
                        out.data(), lse.data());
 
   double num = 0, den = 0;

@@ -1,0 +1,85 @@
+// smla/dist.h — decode context parallelism over NCCL (DESIGN.md §5).
+//
+// One decode step on each rank: filter + convert the global top-k to this rank's local rows
+// (compacted, counted), all-gather q across heads, sparse attention with LSE for the gathered
+// H_l * W heads on the local shard, then merge across ranks: all-gather of the LSEs + a
+// reduce-scatter of the weighted outputs over heads, or one all-to-all carrying out and LSE.
+// Buffers are allocated once by the constructor, so step() allocates nothing, never
+// synchronizes, and can be captured in a CUDA graph. NCCL types stay out of this header: the
+// communicator travels as void* (an ncclComm_t).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "smla/types.h"
+
+namespace smla::dist {
+
+struct DcpConfig {
+  int world = 1;           // W ranks
+  int rank = 0;
+  int interleave = 1;      // I: token i lives on rank (i / I) % W
+  int local_heads = 16;    // H_l heads this rank owns; attention runs over H_l * W heads
+  int rope_dim = kRopeDim;
+  KvFormat format = KvFormat::kBF16;
+  DType q_dtype = DType::kBF16;
+  int topk = 2048;         // K of the global top-k
+  int64_t max_rows = 1;    // largest T of a step
+  bool all_to_all = false; // merge path: false = all-gather LSE + reduce-scatter; true = one all-to-all
+};
+
+struct DcpStepArgs {
+  int64_t num_tokens = 0;            // T
+  const void* q = nullptr;           // [T, H_l, D] q_dtype, dense: this rank's heads
+  const int32_t* positions = nullptr;  // [T, K] global request-local token positions, -1 padded
+  const int32_t* req_of_token = nullptr;  // nullable [T]
+  const int32_t* block_table = nullptr;   // [R, max_blocks] of this rank's shard
+  int64_t bt_stride = 0;
+  int num_reqs = 0, max_blocks = 0, block_size = 0;
+  int64_t block_stride_rows = 0;
+  const void* kv = nullptr;          // this rank's shard, row r at kv + r * kv_row_stride_bytes
+  int64_t num_rows = 0, kv_row_stride_bytes = 0;
+  float softmax_scale = 0.0f, q_scale = 1.0f, k_scale = 1.0f;
+  void* out = nullptr;               // [T, H_l, 512] (bf16, or fp16 for an fp16 q), dense
+  float* lse = nullptr;              // nullable [T, H_l], natural log
+};
+
+class Dcp {
+ public:
+  // comm: an ncclComm_t of `cfg.world` ranks in which this process is `cfg.rank`. Allocates the
+  // step buffers on the current device.
+  Dcp(void* nccl_comm, const DcpConfig& cfg);
+  ~Dcp();
+  Dcp(const Dcp&) = delete;
+  Dcp& operator=(const Dcp&) = delete;
+
+  const DcpConfig& config() const;
+  // Bytes of device memory the step buffers hold.
+  size_t buffer_bytes() const;
+
+  // One decode step on `stream` (a cudaStream_t). Validates on the host first.
+  void step(const DcpStepArgs& args, void* stream);
+
+  // Waits for `stream`. If NCCL reports an asynchronous error or the stream has not finished
+  // within timeout_ms (a rank stopped taking part), aborts the communicator and throws Error.
+  void wait(void* stream, int timeout_ms);
+
+  // Seconds of the last step spent in communication vs attention (events; for the benchmark).
+  struct Timing { float comm_ms = 0, attn_ms = 0, total_ms = 0; };
+  Timing last_timing() const;
+  void enable_timing(bool on);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Helpers for tests and the CLI: a unique id (NCCL_UNIQUE_ID_BYTES bytes) made by one process and
+// handed to all, and a communicator from it (on the current device).
+std::vector<uint8_t> make_unique_id();
+void* make_comm(const std::vector<uint8_t>& unique_id, int world, int rank);
+void destroy_comm(void* comm);
+
+}  // namespace smla::dist

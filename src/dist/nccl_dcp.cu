@@ -1,0 +1,323 @@
+// Decode context parallelism over NCCL: the step (DESIGN.md §5) and its small kernels.
+//
+// Step on rank r of W (H = W * H_l gathered heads):
+//   1. convert_indices with the DCP filter: global positions -> local rows, compacted + counted
+//   2. ncclAllGather q [T, H_l, D] -> [W, T, H_l, D]; gather_heads -> [T, H, D]
+//   3. sparse attention, LSE on: out_part [T, H, 512], lse_part [T, H]
+//   4a. all-gather + reduce-scatter: ncclAllGather lse_part -> [W, T, H]; each rank scales its
+//       partial by exp(l_r - L) into [W, T, H_l, 512] fp32 (rank-major); ncclReduceScatter(sum)
+//       -> [T, H_l, 512]; finalize writes out and L for the local heads.
+//   4b. all-to-all: pack (out, lse) of the heads each peer owns into [W, T, H_l, 513] fp32; grouped
+//       send/recv; merge the W received partials of the local heads.
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <thread>
+
+#include "smla/cuda.h"
+#include "smla/cuda_serving.h"
+#include "smla/dist.h"
+#include "smla/formats.h"
+#include "smla/numeric.h"
+#include "smla/params.h"
+#include "smla/state.h"
+
+namespace smla::dist {
+namespace {
+
+void check_cuda(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) fail(std::string("DCP: ") + what + ": " + cudaGetErrorString(e));
+}
+void check_nccl(ncclResult_t r, const char* what) {
+  if (r != ncclSuccess && r != ncclInProgress) fail(std::string("DCP: ") + what + ": " + ncclGetErrorString(r));
+}
+
+// Partials merged per (row, head) sit in a small local array indexed by rank; these merge kernels
+// move a few hundred KB per step, so that stack use (see ptxas) is deliberate.
+constexpr int kMaxWorld = 16;
+constexpr int kPack = kLatentDim + 1;  // one packed partial: 512 outputs + its LSE
+
+// [W, T, H_l, D] (16-bit) -> [T, W * H_l, D]: one block per (t, gathered head), 16-byte copies.
+__global__ void gather_heads_kernel(const uint4* src, uint4* dst, int64_t T, int W, int Hl, int vecs_per_head) {
+  const int64_t t = blockIdx.x;
+  const int h = blockIdx.y, w = h / Hl, hl = h % Hl;
+  const uint4* s = src + ((int64_t(w) * T + t) * Hl + hl) * vecs_per_head;
+  uint4* d = dst + (t * W * Hl + h) * vecs_per_head;
+  for (int i = threadIdx.x; i < vecs_per_head; i += blockDim.x) d[i] = s[i];
+}
+
+
+__device__ __forceinline__ float load16(const uint16_t* p, int64_t i, bool bf16) {
+  return bf16 ? num::bf16_to_f32(p[i]) : num::fp16_to_f32(p[i]);
+}
+__device__ __forceinline__ uint16_t store16(float v, bool bf16) { return bf16 ? num::f32_to_bf16(v) : num::f32_to_fp16(v); }
+
+// Path a: weight this rank's partial of every gathered head by exp(l_rank - L) into the rank-major
+// reduce-scatter buffer, and keep L of the local heads. One block per (t, h).
+__global__ void weight_scatter_kernel(const uint16_t* out_part, const float* lse_all, float* scaled, float* lse_local,
+                                      int64_t T, int W, int Hl, int rank, bool bf16) {
+  const int64_t t = blockIdx.x;
+  const int h = blockIdx.y, H = W * Hl;
+  float l[kMaxWorld], wts[kMaxWorld];
+  for (int r = 0; r < W; ++r) l[r] = lse_all[(int64_t(r) * T + t) * H + h];
+  const float L = lse_merge(l, W, wts);
+  const float w = wts[rank];
+  const int dst_rank = h / Hl, hl = h % Hl;
+  float* dst = scaled + ((int64_t(dst_rank) * T + t) * Hl + hl) * kLatentDim;
+  const uint16_t* src = out_part + (t * H + h) * kLatentDim;
+  for (int d = threadIdx.x; d < kLatentDim; d += blockDim.x) dst[d] = w == 0.0f ? 0.0f : w * load16(src, d, bf16);
+  if (threadIdx.x == 0 && dst_rank == rank) lse_local[t * Hl + hl] = L;
+}
+
+__global__ void finalize_kernel(const float* summed, const float* lse_local, uint16_t* out, float* lse, int64_t n_heads,
+                                bool bf16) {
+  const int64_t i = blockIdx.x;  // (t, hl)
+  for (int d = threadIdx.x; d < kLatentDim; d += blockDim.x) out[i * kLatentDim + d] = store16(summed[i * kLatentDim + d], bf16);
+  if (lse && threadIdx.x == 0) lse[i] = lse_local[i];
+  (void)n_heads;
+}
+
+// Path b: pack the partial (out, lse) of the heads peer w owns into send[w, t, hl, 0:513].
+__global__ void pack_kernel(const uint16_t* out_part, const float* lse_part, float* send, int64_t T, int W, int Hl,
+                            bool bf16) {
+  const int64_t t = blockIdx.x;
+  const int h = blockIdx.y, H = W * Hl, w = h / Hl, hl = h % Hl;
+  float* dst = send + ((int64_t(w) * T + t) * Hl + hl) * kPack;
+  const uint16_t* src = out_part + (t * H + h) * kLatentDim;
+  for (int d = threadIdx.x; d < kLatentDim; d += blockDim.x) dst[d] = load16(src, d, bf16);
+  if (threadIdx.x == 0) dst[kLatentDim] = lse_part[t * H + h];
+}
+
+__global__ void merge_received_kernel(const float* recv, uint16_t* out, float* lse, int64_t T, int W, int Hl, bool bf16) {
+  const int64_t i = blockIdx.x;  // (t, hl) of the local heads
+  float l[kMaxWorld], wts[kMaxWorld];
+  for (int r = 0; r < W; ++r) l[r] = recv[(int64_t(r) * T * Hl + i) * kPack + kLatentDim];
+  const float L = lse_merge(l, W, wts);
+  for (int d = threadIdx.x; d < kLatentDim; d += blockDim.x) {
+    float acc = 0.0f;
+    for (int r = 0; r < W; ++r)
+      if (wts[r] != 0.0f) acc += wts[r] * recv[(int64_t(r) * T * Hl + i) * kPack + d];
+    out[i * kLatentDim + d] = store16(acc, bf16);
+  }
+  if (lse && threadIdx.x == 0) lse[i] = L;
+}
+
+template <class T>
+T* alloc(size_t count, size_t& total) {
+  void* p = nullptr;
+  const size_t bytes = std::max<size_t>(count * sizeof(T), 256);
+  check_cuda(cudaMalloc(&p, bytes), "cudaMalloc of a step buffer");
+  total += bytes;
+  return static_cast<T*>(p);
+}
+
+}  // namespace
+
+struct Dcp::Impl {
+  ncclComm_t comm;
+  DcpConfig cfg;
+  int H = 0, D = 0;
+  size_t bytes = 0, attn_ws_bytes = 0;
+  int32_t *idx = nullptr, *counts = nullptr;
+  uint16_t *q_gathered = nullptr, *q_all = nullptr, *out_part = nullptr;
+  float *lse_part = nullptr, *lse_all = nullptr, *scaled = nullptr, *summed = nullptr, *lse_local = nullptr;
+  float *send = nullptr, *recv = nullptr;
+  void* attn_ws = nullptr;
+  bool timing = false;
+  cudaEvent_t ev[4] = {};
+};
+
+Dcp::Dcp(void* nccl_comm, const DcpConfig& cfg) : impl_(std::make_unique<Impl>()) {
+  auto& m = *impl_;
+  SMLA_CHECK(nccl_comm != nullptr, "DCP: the NCCL communicator is null");
+  SMLA_CHECK(cfg.world >= 1 && cfg.world <= kMaxWorld, "DCP: world must be in [1, 16]");
+  SMLA_CHECK(cfg.rank >= 0 && cfg.rank < cfg.world, "DCP: rank must be in [0, world)");
+  SMLA_CHECK(cfg.interleave >= 1, "DCP: interleave must be >= 1");
+  SMLA_CHECK(cfg.local_heads >= 1 && cfg.local_heads * cfg.world <= kMaxNativeHeads,
+             "DCP: local_heads * world must be in [1, 128] (the heads one attention call handles)");
+  SMLA_CHECK(cfg.q_dtype == DType::kBF16 || cfg.q_dtype == DType::kFP16, "DCP: q must be bf16 or fp16");
+  SMLA_CHECK(cfg.max_rows >= 1 && cfg.topk >= 1, "DCP: max_rows and topk must be >= 1");
+  m.comm = static_cast<ncclComm_t>(nccl_comm);
+  int n = 0, r = 0;
+  check_nccl(ncclCommCount(m.comm, &n), "ncclCommCount");
+  check_nccl(ncclCommUserRank(m.comm, &r), "ncclCommUserRank");
+  SMLA_CHECK(n == cfg.world && r == cfg.rank, "DCP: the communicator has " + std::to_string(n) + " ranks and this is rank " +
+                                                  std::to_string(r) + "; the config says world " +
+                                                  std::to_string(cfg.world) + ", rank " + std::to_string(cfg.rank));
+  m.cfg = cfg;
+  m.H = cfg.local_heads * cfg.world;
+  m.D = kLatentDim + cfg.rope_dim;
+  const size_t T = size_t(cfg.max_rows), W = size_t(cfg.world), Hl = size_t(cfg.local_heads), H = size_t(m.H);
+  m.idx = alloc<int32_t>(T * size_t(cfg.topk), m.bytes);
+  m.counts = alloc<int32_t>(T, m.bytes);
+  m.q_gathered = alloc<uint16_t>(W * T * Hl * size_t(m.D), m.bytes);
+  m.q_all = alloc<uint16_t>(T * H * size_t(m.D), m.bytes);
+  m.out_part = alloc<uint16_t>(T * H * kLatentDim, m.bytes);
+  m.lse_part = alloc<float>(T * H, m.bytes);
+  if (cfg.all_to_all) {
+    m.send = alloc<float>(W * T * Hl * kPack, m.bytes);
+    m.recv = alloc<float>(W * T * Hl * kPack, m.bytes);
+  } else {
+    m.lse_all = alloc<float>(W * T * H, m.bytes);
+    m.scaled = alloc<float>(W * T * Hl * kLatentDim, m.bytes);
+    m.summed = alloc<float>(T * Hl * kLatentDim, m.bytes);
+    m.lse_local = alloc<float>(T * Hl, m.bytes);
+  }
+  // The attention's split-K scratch for the largest need of any T <= max_rows.
+  const DeviceInfo dev = cuda::device_info(0);
+  SparseMlaParams p;
+  p.num_heads = m.H, p.rope_dim = cfg.rope_dim, p.topk = cfg.topk, p.format = cfg.format, p.q_dtype = cfg.q_dtype;
+  for (int64_t t = 1; t <= std::min<int64_t>(cfg.max_rows, dev.num_sms); ++t) {
+    p.num_tokens = t;
+    m.attn_ws_bytes = std::max(m.attn_ws_bytes, cuda::sparse_mla_workspace_bytes(p, dev.num_sms));
+  }
+  if (m.attn_ws_bytes) m.attn_ws = alloc<uint8_t>(m.attn_ws_bytes, m.bytes);
+  for (auto& e : m.ev) check_cuda(cudaEventCreate(&e), "cudaEventCreate");
+}
+
+Dcp::~Dcp() {
+  auto& m = *impl_;
+  for (void* p : {static_cast<void*>(m.idx), static_cast<void*>(m.counts), static_cast<void*>(m.q_gathered),
+                  static_cast<void*>(m.q_all), static_cast<void*>(m.out_part), static_cast<void*>(m.lse_part),
+                  static_cast<void*>(m.lse_all), static_cast<void*>(m.scaled), static_cast<void*>(m.summed),
+                  static_cast<void*>(m.lse_local), static_cast<void*>(m.send), static_cast<void*>(m.recv), m.attn_ws})
+    if (p) cudaFree(p);
+  for (auto& e : m.ev)
+    if (e) cudaEventDestroy(e);
+}
+
+const DcpConfig& Dcp::config() const { return impl_->cfg; }
+size_t Dcp::buffer_bytes() const { return impl_->bytes; }
+void Dcp::enable_timing(bool on) { impl_->timing = on; }
+
+Dcp::Timing Dcp::last_timing() const {
+  auto& m = *impl_;
+  Timing t;
+  if (!m.timing) return t;
+  float a = 0, b = 0, c = 0;
+  check_cuda(cudaEventElapsedTime(&a, m.ev[0], m.ev[1]), "cudaEventElapsedTime");  // index + q gather
+  check_cuda(cudaEventElapsedTime(&b, m.ev[1], m.ev[2]), "cudaEventElapsedTime");  // attention
+  check_cuda(cudaEventElapsedTime(&c, m.ev[2], m.ev[3]), "cudaEventElapsedTime");  // merge
+  t.attn_ms = b, t.comm_ms = a + c, t.total_ms = a + b + c;
+  return t;
+}
+
+void Dcp::step(const DcpStepArgs& a, void* stream_ptr) {
+  auto& m = *impl_;
+  const auto& cfg = m.cfg;
+  auto stream = static_cast<cudaStream_t>(stream_ptr);
+  SMLA_CHECK(a.num_tokens >= 0 && a.num_tokens <= cfg.max_rows,
+             "DCP step: T = " + std::to_string(a.num_tokens) + " must be in [0, max_rows = " + std::to_string(cfg.max_rows) + "]");
+  if (a.num_tokens == 0) return;
+  SMLA_CHECK(a.q && a.positions && a.out, "DCP step: q, positions and out must not be null");
+  const int64_t T = a.num_tokens;
+  const int W = cfg.world, Hl = cfg.local_heads, H = m.H, K = cfg.topk;
+  const bool bf16 = cfg.q_dtype == DType::kBF16;
+
+  // 1. Global top-k -> this rank's local rows, compacted and counted (validated by the launcher).
+  IndexConvertParams ic;
+  ic.positions = a.positions, ic.pos_stride_t = K, ic.num_tokens = T, ic.topk = K, ic.req_of_token = a.req_of_token;
+  ic.block_table = a.block_table, ic.bt_stride = a.bt_stride, ic.num_reqs = a.num_reqs, ic.max_blocks = a.max_blocks;
+  ic.block_size = a.block_size, ic.block_stride_rows = a.block_stride_rows, ic.phys = m.idx, ic.phys_stride_t = K;
+  ic.counts = m.counts, ic.dcp_world = W, ic.dcp_rank = cfg.rank, ic.dcp_interleave = cfg.interleave;
+
+  SparseMlaParams p;
+  p.num_tokens = T, p.num_heads = H, p.rope_dim = cfg.rope_dim, p.topk = K;
+  p.q = m.q_all, p.q_dtype = cfg.q_dtype, p.kv = a.kv, p.num_rows = a.num_rows, p.kv_row_stride_bytes = a.kv_row_stride_bytes;
+  p.format = cfg.format, p.idx = m.idx, p.counts = m.counts, p.softmax_scale = a.softmax_scale, p.q_scale = a.q_scale;
+  p.k_scale = a.k_scale, p.out = m.out_part, p.out_dtype = cfg.q_dtype, p.lse = m.lse_part, p.lse_mode = LseMode::kBaseE;
+  set_dense_strides(p);
+  validate(p);  // everything the attention will check, before anything is enqueued
+  validate(ic);
+
+  if (m.timing) check_cuda(cudaEventRecord(m.ev[0], stream), "cudaEventRecord");
+  cuda::convert_indices(ic, stream);
+  const size_t q_elems = size_t(T) * Hl * m.D;
+  check_nccl(ncclAllGather(a.q, m.q_gathered, q_elems * 2, ncclUint8, m.comm, stream), "ncclAllGather(q)");
+  gather_heads_kernel<<<dim3(unsigned(T), unsigned(H)), 128, 0, stream>>>(
+      reinterpret_cast<const uint4*>(m.q_gathered), reinterpret_cast<uint4*>(m.q_all), T, W, Hl, m.D * 2 / 16);
+  check_cuda(cudaGetLastError(), "gather_heads_kernel");
+  if (m.timing) check_cuda(cudaEventRecord(m.ev[1], stream), "cudaEventRecord");
+
+  // 3. Local attention over the gathered heads.
+  cuda::sparse_mla(p, m.attn_ws, m.attn_ws_bytes, stream);
+  if (m.timing) check_cuda(cudaEventRecord(m.ev[2], stream), "cudaEventRecord");
+
+  // 4. Merge across ranks.
+  auto* out = static_cast<uint16_t*>(a.out);
+  if (!cfg.all_to_all) {
+    check_nccl(ncclAllGather(m.lse_part, m.lse_all, size_t(T) * H, ncclFloat32, m.comm, stream), "ncclAllGather(lse)");
+    weight_scatter_kernel<<<dim3(unsigned(T), unsigned(H)), 128, 0, stream>>>(m.out_part, m.lse_all, m.scaled, m.lse_local,
+                                                                               T, W, Hl, cfg.rank, bf16);
+    check_cuda(cudaGetLastError(), "weight_scatter_kernel");
+    check_nccl(ncclReduceScatter(m.scaled, m.summed, size_t(T) * Hl * kLatentDim, ncclFloat32, ncclSum, m.comm, stream),
+               "ncclReduceScatter(out)");
+    finalize_kernel<<<unsigned(T * Hl), 128, 0, stream>>>(m.summed, m.lse_local, out, a.lse, T * Hl, bf16);
+    check_cuda(cudaGetLastError(), "finalize_kernel");
+  } else {
+    pack_kernel<<<dim3(unsigned(T), unsigned(H)), 128, 0, stream>>>(m.out_part, m.lse_part, m.send, T, W, Hl, bf16);
+    check_cuda(cudaGetLastError(), "pack_kernel");
+    const size_t chunk = size_t(T) * Hl * kPack;
+    check_nccl(ncclGroupStart(), "ncclGroupStart");
+    for (int r = 0; r < W; ++r) {
+      check_nccl(ncclSend(m.send + size_t(r) * chunk, chunk, ncclFloat32, r, m.comm, stream), "ncclSend");
+      check_nccl(ncclRecv(m.recv + size_t(r) * chunk, chunk, ncclFloat32, r, m.comm, stream), "ncclRecv");
+    }
+    check_nccl(ncclGroupEnd(), "ncclGroupEnd");
+    merge_received_kernel<<<unsigned(T * Hl), 128, 0, stream>>>(m.recv, out, a.lse, T, W, Hl, bf16);
+    check_cuda(cudaGetLastError(), "merge_received_kernel");
+  }
+  if (m.timing) check_cuda(cudaEventRecord(m.ev[3], stream), "cudaEventRecord");
+}
+
+void Dcp::wait(void* stream_ptr, int timeout_ms) {
+  auto& m = *impl_;
+  auto stream = static_cast<cudaStream_t>(stream_ptr);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (;;) {
+    ncclResult_t async_err = ncclSuccess;
+    check_nccl(ncclCommGetAsyncError(m.comm, &async_err), "ncclCommGetAsyncError");
+    if (async_err != ncclSuccess && async_err != ncclInProgress) {
+      ncclCommAbort(m.comm);
+      fail(std::string("DCP: NCCL reported an error on rank ") + std::to_string(m.cfg.rank) + ": " +
+           ncclGetErrorString(async_err) + "; the communicator was aborted");
+    }
+    const cudaError_t q = cudaStreamQuery(stream);
+    if (q == cudaSuccess) return;
+    if (q != cudaErrorNotReady) check_cuda(q, "the DCP step");
+    const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+    if (waited > timeout_ms) {
+      ncclCommAbort(m.comm);
+      fail("DCP: the step did not finish within " + std::to_string(timeout_ms) + " ms on rank " +
+           std::to_string(m.cfg.rank) + " (a peer stopped taking part?); the communicator was aborted");
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+}
+
+std::vector<uint8_t> make_unique_id() {
+  ncclUniqueId id;
+  check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
+  std::vector<uint8_t> v(sizeof(id));
+  std::memcpy(v.data(), &id, sizeof(id));
+  return v;
+}
+
+void* make_comm(const std::vector<uint8_t>& unique_id, int world, int rank) {
+  SMLA_CHECK(unique_id.size() == sizeof(ncclUniqueId), "make_comm: the unique id must be NCCL_UNIQUE_ID_BYTES long");
+  ncclUniqueId id;
+  std::memcpy(&id, unique_id.data(), sizeof(id));
+  ncclComm_t comm = nullptr;
+  check_nccl(ncclCommInitRank(&comm, world, id, rank), "ncclCommInitRank");
+  return comm;
+}
+
+void destroy_comm(void* comm) {
+  if (comm) ncclCommDestroy(static_cast<ncclComm_t>(comm));
+}
+
+}  // namespace smla::dist
