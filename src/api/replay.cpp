@@ -25,9 +25,28 @@ std::string shape_str(const std::vector<int64_t>& shape) {
 
 std::string describe(const st::Tensor& t) { return t.dtype + " " + shape_str(t.shape); }
 
+// The tensor `name` or null; a File built in code (not parsed) may be inconsistent, so the byte
+// count is checked against dtype x shape before anything reads it.
 const st::Tensor* find(const st::File& f, const std::string& name) {
   auto it = f.tensors.find(name);
-  return it == f.tensors.end() ? nullptr : &it->second;
+  if (it == f.tensors.end()) return nullptr;
+  const st::Tensor& t = it->second;
+  int item = 0;
+  try {
+    item = st::itemsize(t.dtype);
+  } catch (const Error&) {
+    bad("tensor '" + name + "' has an unknown dtype '" + t.dtype + "'");
+  }
+  uint64_t n = uint64_t(item);
+  for (int64_t d : t.shape) {
+    if (d < 0 || (d > 0 && n > (uint64_t(1) << 62) / uint64_t(d)))
+      bad("tensor '" + name + "' has an invalid shape " + shape_str(t.shape));
+    n *= uint64_t(d);
+  }
+  if (t.data.size() != n)
+    bad("tensor '" + name + "' holds " + std::to_string(t.data.size()) + " bytes but " + describe(t) + " needs " +
+        std::to_string(n));
+  return &t;
 }
 
 const st::Tensor& require(const st::File& f, const std::string& name, const std::string& expect) {

@@ -113,6 +113,9 @@ File parse(const uint8_t* bytes, size_t size) {
   const char* hbegin = reinterpret_cast<const char*>(bytes + 8);
   const char* hend = hbegin + n;
 
+  // The JSON parser stops at a NUL byte; refuse it so nothing after it is silently ignored.
+  if (std::memchr(hbegin, 0, n) != nullptr) bad("header contains a NUL byte; pad it with spaces");
+
   // Top-level keys must be unique: a duplicate would silently shadow a tensor.
   std::set<std::string> keys;
   std::string duplicate;
