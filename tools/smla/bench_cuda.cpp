@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "bench.h"
-#include "cuda/common/random_fill.h"
+#include "cuda/common/bench_support.h"
 #include "smla/api.h"
 #include "smla/cuda.h"
 #include "smla/formats.h"
@@ -34,25 +34,29 @@ struct Timing {
   double median = 0, min = 0, max = 0;
 };
 
-// Times fn() (stream work) `reps` times after `warmup` runs, each between its own event pair.
+// Times fn(i) (stream work) `reps` times after `warmup` runs, each between its own event pair.
+// All reps are queued behind a GPU sleep first, so they run back to back and the events time
+// the GPU rather than the host's launch overhead.
 template <typename Fn>
 Timing time_events(cudaStream_t s, int warmup, int reps, Fn&& fn) {
   for (int i = 0; i < warmup; ++i) fn(i);
-  cudaEvent_t a, b;
-  ck(cudaEventCreate(&a), "event");
-  ck(cudaEventCreate(&b), "event");
+  ck(cudaStreamSynchronize(s), "warm-up");
+  std::vector<cudaEvent_t> ev(size_t(2 * reps));
+  for (auto& e : ev) ck(cudaEventCreate(&e), "event");
+  cuda::gpu_sleep(uint64_t(2'000'000) + uint64_t(reps) * 100'000, s);
+  for (int i = 0; i < reps; ++i) {
+    ck(cudaEventRecord(ev[size_t(2 * i)], s), "record");
+    fn(warmup + i);
+    ck(cudaEventRecord(ev[size_t(2 * i + 1)], s), "record");
+  }
+  ck(cudaStreamSynchronize(s), "timed reps");
   std::vector<double> ms;
   for (int i = 0; i < reps; ++i) {
-    ck(cudaEventRecord(a, s), "record");
-    fn(warmup + i);
-    ck(cudaEventRecord(b, s), "record");
-    ck(cudaEventSynchronize(b), "sync");
     float t = 0;
-    ck(cudaEventElapsedTime(&t, a, b), "elapsed");
+    ck(cudaEventElapsedTime(&t, ev[size_t(2 * i)], ev[size_t(2 * i + 1)]), "elapsed");
     ms.push_back(t);
   }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
+  for (auto& e : ev) cudaEventDestroy(e);
   std::sort(ms.begin(), ms.end());
   return {ms[ms.size() / 2], ms.front(), ms.back()};
 }

@@ -15,6 +15,7 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cmath>
 
 #include "cuda/common/ptx.cuh"
@@ -56,22 +57,33 @@ __global__ void __launch_bounds__(Config<kMTiles>::kThreads, 1)
   const int num_tiles = (end - begin + kBlockK - 1) / kBlockK;
   const int32_t* idx_row = p.idx + t * p.idx_stride_t;
 
-  // Gathers tile `tile` into stage `stage`: one warp per row, 32 lanes over its 16-byte chunks.
-  // A masked entry (past `end`, negative or >= num_rows) is never dereferenced: its smem row is
-  // zero-filled and its score column gets a -inf bias.
-  auto gather = [&](int tile, int stage) {
-    const int e0 = begin + tile * kBlockK;
+  // Row ids of a tile, one load per lane: lane l of warp w holds the row of tile entry
+  // r = w + kWarps * l (l < kRowsPerWarp), or -1 when the entry is masked (past `end`, negative
+  // or >= num_rows). Loaded one pipeline step ahead, so the gather never waits on idx.
+  constexpr int kRowsPerWarp = kBlockK / Cfg::kWarps;
+  auto load_row_ids = [&](int tile) {
+    int row = -1;
+    const int e = begin + tile * kBlockK + warp + Cfg::kWarps * lane;
+    if (lane < kRowsPerWarp && tile < num_tiles && e < end) {
+      row = idx_row[e];
+      if (row >= p.num_rows) row = -1;
+      if (row < 0) row = -1;
+    }
+    return row;
+  };
+
+  // Gathers a tile into stage `stage`: one warp per row, 32 lanes over its 16-byte chunks. A
+  // masked entry is never dereferenced: its smem row is zero-filled and its score column gets a
+  // -inf bias.
+  auto gather = [&](int row_ids, int stage) {
     const uint32_t stage_base = ptx::smem_addr(s.kv[stage]);
-    for (int r = warp; r < kBlockK; r += Cfg::kWarps) {
-      const int e = e0 + r;
-      int64_t row = -1;
-      if (e < end) {
-        row = idx_row[e];
-        if (row >= p.num_rows) row = -1;
-      }
+#pragma unroll
+    for (int i = 0; i < kRowsPerWarp; ++i) {
+      const int r = warp + Cfg::kWarps * i;
+      const int row = __shfl_sync(0xffffffffu, row_ids, i);
       const uint32_t dst = stage_base + uint32_t(r * kRowBytesMax);
       if (row >= 0) {
-        const uint8_t* src = p.kv + row * p.kv_row_stride_bytes;
+        const uint8_t* src = p.kv + int64_t(row) * p.kv_row_stride_bytes;
         for (int ch = lane; ch < p.row_chunks; ch += 32) ptx::cp_async_16(dst + swizzle(r, ch) * 16, src + ch * 16);
       } else {
         for (int ch = lane; ch < p.row_chunks; ch += 32) ptx::st_shared_zero16(dst + swizzle(r, ch) * 16);
@@ -80,36 +92,39 @@ __global__ void __launch_bounds__(Config<kMTiles>::kThreads, 1)
     }
   };
 
+  int next_ids = -1;  // row ids of the next tile to gather
   if (num_tiles > 0) {
-    gather(0, 0);
-    ptx::cp_async_commit();
-    if (num_tiles > 1) gather(1, 1);
-    ptx::cp_async_commit();
-
-    // ---- Q (kHeadTile, D) -> smem, heads past H zero. Overlaps the first gathers.
+    // ---- Q (kHeadTile, D) -> smem, heads past H zero; with 16-byte-aligned q it rides in the
+    // first cp.async group together with tile 0.
     const int q_chunks = 2 * p.k_steps;
     for (int c = tid; c < Cfg::kHeadTile * q_chunks; c += Cfg::kThreads) {
       const int hr = c / q_chunks, ch = c - hr * q_chunks;
       const int h = head0 + hr;
-      uint4 v = make_uint4(0, 0, 0, 0);
-      if (h < p.num_heads) {
-        const uint16_t* src =
-            (ch < kLatent / 8 || p.q_rope == nullptr)
-                ? static_cast<const uint16_t*>(p.q) + t * p.q_stride_t + h * p.q_stride_h + ch * 8
-                : static_cast<const uint16_t*>(p.q_rope) + t * p.q_rope_stride_t + h * p.q_rope_stride_h +
-                      (ch - kLatent / 8) * 8;
-        if (p.q_vec16) {
-          v = *reinterpret_cast<const uint4*>(src);
-        } else {
-          uint16_t e[8];
-#pragma unroll
-          for (int i = 0; i < 8; ++i) e[i] = src[i];
-          v = make_uint4(e[0] | uint32_t(e[1]) << 16, e[2] | uint32_t(e[3]) << 16, e[4] | uint32_t(e[5]) << 16,
-                         e[6] | uint32_t(e[7]) << 16);
-        }
+      const uint32_t dst = ptx::smem_addr(s.q) + uint32_t(hr * kRowBytesMax + swizzle(hr, ch) * 16);
+      if (h >= p.num_heads) {
+        ptx::st_shared_zero16(dst);
+        continue;
       }
-      *reinterpret_cast<uint4*>(reinterpret_cast<uint8_t*>(s.q) + hr * kRowBytesMax + swizzle(hr, ch) * 16) = v;
+      const uint16_t* src = (ch < kLatent / 8 || p.q_rope == nullptr)
+                                ? static_cast<const uint16_t*>(p.q) + t * p.q_stride_t + h * p.q_stride_h + ch * 8
+                                : static_cast<const uint16_t*>(p.q_rope) + t * p.q_rope_stride_t +
+                                      h * p.q_rope_stride_h + (ch - kLatent / 8) * 8;
+      if (p.q_vec16) {
+        ptx::cp_async_16(dst, src);
+      } else {
+        uint16_t e[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) e[i] = src[i];
+        *reinterpret_cast<uint4*>(reinterpret_cast<uint8_t*>(s.q) + hr * kRowBytesMax + swizzle(hr, ch) * 16) =
+            make_uint4(e[0] | uint32_t(e[1]) << 16, e[2] | uint32_t(e[3]) << 16, e[4] | uint32_t(e[5]) << 16,
+                       e[6] | uint32_t(e[7]) << 16);
+      }
     }
+    gather(load_row_ids(0), 0);
+    ptx::cp_async_commit();
+    gather(load_row_ids(1), 1);  // all masked rows when there is no tile 1: nothing is read
+    ptx::cp_async_commit();
+    next_ids = load_row_ids(kStages);
   }
 
   float acc_o[kOutColsPerWarp / 8][4];  // (16 heads, 128 dims): 16 n-tiles of the C fragment
@@ -217,8 +232,9 @@ __global__ void __launch_bounds__(Config<kMTiles>::kThreads, 1)
     }
     __syncthreads();  // (D) every warp is done with this stage and with P
 
-    if (tile + kStages < num_tiles) gather(tile + kStages, stage);
+    if (tile + kStages < num_tiles) gather(next_ids, stage);
     ptx::cp_async_commit();  // possibly empty: keeps "wait for all but the newest group" exact
+    next_ids = load_row_ids(tile + kStages + 1);
   }
 
   // ---- row sums: lanes of a quad, then the 4 column warps of the head tile.
@@ -314,7 +330,15 @@ template <typename Elem, int kMTiles>
 void launch_main(const KernelParams& p, cudaStream_t stream) {
   using Cfg = Config<kMTiles>;
   auto* kernel = sparse_mla_kernel<Elem, kMTiles>;
-  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Cfg::kSmemBytes));
+  // Raise the dynamic shared-memory limit once per device (a per-launch call costs host time).
+  static std::atomic<uint64_t> attribute_set{0};
+  int dev = 0;
+  cudaGetDevice(&dev);
+  const uint64_t bit = uint64_t(1) << (dev & 63);
+  if (!(attribute_set.load(std::memory_order_acquire) & bit)) {
+    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Cfg::kSmemBytes));
+    attribute_set.fetch_or(bit, std::memory_order_release);
+  }
   const dim3 grid(unsigned(p.num_tokens), unsigned(p.head_groups), unsigned(p.num_splits));
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
 }

@@ -6,7 +6,7 @@
 
 #include <string>
 
-#include "cuda/common/random_fill.h"
+#include "cuda/common/bench_support.h"
 
 namespace smla::cuda {
 namespace {
@@ -18,7 +18,7 @@ __device__ __forceinline__ uint64_t splitmix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-// Sum of two uniforms in [-1, 1), times sqrt(6)/... scaled to unit variance: var = 2/3 -> * 1.2247.
+// Sum of two uniforms in [-1, 1) (variance 2/3), times sqrt(3/2): unit variance.
 __device__ __forceinline__ float unit_noise(uint64_t h) {
   const float a = float(uint32_t(h) >> 8) * (1.0f / 8388608.0f) - 1.0f;
   const float b = float(uint32_t(h >> 32) >> 8) * (1.0f / 8388608.0f) - 1.0f;
@@ -44,6 +44,15 @@ __global__ void fill_rows_kernel(int32_t* dst, size_t count, int64_t num_rows, u
     dst[i] = int32_t(splitmix64(seed ^ (i * 0x9e3779b97f4a7c15ull)) % uint64_t(num_rows));
 }
 
+__global__ void sleep_kernel(uint64_t ns) {
+  uint64_t t0, t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  do {
+    __nanosleep(1000);
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  } while (t - t0 < ns);
+}
+
 void check_launch(const char* what) {
   const cudaError_t e = cudaGetLastError();
   SMLA_CHECK(e == cudaSuccess, std::string(what) + ": " + cudaGetErrorString(e));
@@ -65,6 +74,11 @@ void fill_random_rows(int32_t* dst, size_t count, int64_t num_rows, uint64_t see
   if (count == 0) return;
   fill_rows_kernel<<<4096, 256, 0, static_cast<cudaStream_t>(stream)>>>(dst, count, num_rows, seed);
   check_launch("fill_random_rows");
+}
+
+void gpu_sleep(uint64_t ns, void* stream) {
+  sleep_kernel<<<1, 1, 0, static_cast<cudaStream_t>(stream)>>>(ns);
+  check_launch("gpu_sleep");
 }
 
 }  // namespace smla::cuda

@@ -1,4 +1,4 @@
-// Device-side random data for benchmarks (large pools are made on the GPU, not copied from the
+// Benchmark support on the device: random data (large pools are made on the GPU, not copied from the
 // host). Host-callable, no CUDA headers: streams travel as void* (a cudaStream_t).
 #pragma once
 
@@ -15,5 +15,9 @@ void fill_random_16bit(void* dst, size_t count, DType type, uint64_t seed, void*
 
 // count int32 row ids uniform in [0, num_rows).
 void fill_random_rows(int32_t* dst, size_t count, int64_t num_rows, uint64_t seed, void* stream);
+
+// Keeps `stream` busy for about `ns` nanoseconds, so that the host can queue timed launches
+// behind it and event timings measure the GPU, not the host's launch rate.
+void gpu_sleep(uint64_t ns, void* stream);
 
 }  // namespace smla::cuda
