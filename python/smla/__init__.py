@@ -1,0 +1,470 @@
+"""smla — sparse MLA attention (DeepSeek-V3.2 DSA) for serving engines.
+
+Tensors come in through DLPack, zero-copy, from PyTorch, NumPy (host: the CPU reference backend)
+or any other DLPack producer; CUDA arrays run on the SM90 CUDA backend. NumPy has no bfloat16, so
+bf16 data is passed as uint16 bit patterns (``smla.bf16_bits`` makes them) or as
+``ml_dtypes.bfloat16``. Quantized caches are uint8 bytes (or float8 tensors, passed as bytes).
+
+Streams are explicit: ``stream=`` takes an integer cudaStream_t, a ``torch.cuda.Stream``, or None
+(PyTorch's current stream for torch tensors, the legacy default stream otherwise).
+
+Main entry points:
+
+- :func:`sparse_mla` — one call; allocates ``out``/``lse`` when they are not given.
+- :class:`Plan` — plan once per geometry, then :meth:`Plan.run` with caller-owned outputs and
+  workspace: allocates nothing, legal inside CUDA-graph capture.
+- :func:`write_cache`, :func:`convert_indices`, :func:`finish_empty_rows` — the serving kernels.
+- :func:`merge_partials` — the context-parallel (DCP) merge of per-rank partial results.
+- :func:`support` — why a geometry cannot run ("" when it can).
+- :func:`replay` / :func:`dump_layer` — run a dumped layer on any backend.
+
+Errors raise :class:`SmlaError` (a ``ValueError``) carrying the C++ message;
+:class:`UnsupportedError` (a subclass) when no backend here supports the request.
+"""
+
+import math
+import os
+
+import numpy as np
+
+from . import _smla
+from ._arrays import dl as _dl
+from ._arrays import dtype_name as _dtype_name
+from ._arrays import empty as _empty
+from ._arrays import framework as _framework
+from ._arrays import is_cuda as _is_cuda
+from ._arrays import resolve_stream as _stream
+from ._arrays import allocator as _allocator
+from ._smla import (
+    LATENT_DIM,
+    ROPE_DIM,
+    Schedule,
+    SmlaError,
+    UnsupportedError,
+    built_with_cuda,
+    cuda_device_count,
+    cuda_device_info,
+    reorder_batch_threshold,
+    row_bytes,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "LATENT_DIM", "ROPE_DIM", "FORMATS", "DEEPSEEK_V32_SOFTMAX_SCALE", "SmlaError", "UnsupportedError", "Plan",
+    "Schedule", "sparse_mla", "write_cache", "convert_indices", "finish_empty_rows", "merge_partials", "support",
+    "kernel_name", "replay", "dump_layer", "encode_rows", "decode_rows", "bf16_bits", "bf16_to_float",
+    "token_to_request", "reorder_batch_threshold", "owner_rank", "local_position", "row_bytes", "built_with_cuda",
+    "cuda_device_count", "cuda_device_info", "current_stream",
+]
+
+FORMATS = ("bf16", "fp16", "fp8_e4m3", "fp8_ds_mla", "nvfp4_ds_mla")
+# DeepSeek-V3.2: 192^-0.5 * mscale^2 with mscale = 0.1 * ln(40) + 1 (DESIGN.md §1).
+DEEPSEEK_V32_SOFTMAX_SCALE = 192**-0.5 * (0.1 * math.log(40) + 1) ** 2
+
+
+def _lse_base(lse_base):
+    if lse_base is None:
+        return None
+    b = str(lse_base)
+    if b in ("e", "E"):
+        return "e"
+    if b in ("2", "2.0"):
+        return "2"
+    raise SmlaError(f'lse_base must be "e" or "2"; got {lse_base!r}')
+
+
+def _split_q(q):
+    """q or the (q_nope [T, H, 512], q_pe [T, H, 64]) pair."""
+    if isinstance(q, (tuple, list)):
+        if len(q) != 2:
+            raise SmlaError("q must be one [T, H, D] tensor or the pair (q_nope [T, H, 512], q_pe [T, H, 64])")
+        return q[0], q[1]
+    return q, None
+
+
+def _out_kind(q, out_dtype):
+    if out_dtype is not None:
+        k = {"bf16": "bf16", "bfloat16": "bf16", "fp16": "fp16", "float16": "fp16", "f32": "f32",
+             "fp32": "f32", "float32": "f32"}.get(str(out_dtype).replace("torch.", ""))
+        if k is None:
+            raise SmlaError(f"out_dtype must be bf16, fp16 or f32; got {out_dtype!r}")
+        return k
+    return "fp16" if _dtype_name(q) == "fp16" else "bf16"
+
+
+def current_stream(device=None):
+    """PyTorch's current CUDA stream as an int handle (requires PyTorch)."""
+    from .torch_ops import current_stream as cs
+
+    return cs(device)
+
+
+# ---------------------------------------------------------------------------------------------
+# Attention
+
+
+def sparse_mla(q, kv, idx, *, format, softmax_scale, counts=None, sink=None, q_scale=1.0, k_scale=1.0,
+               rope_dim=64, lse_base="e", return_lse=True, out=None, lse=None, stream=None, q_dtype=None,
+               out_dtype=None, workspace=None):
+    """Sparse MLA attention (DESIGN.md §1) in one call; returns ``(out, lse)``.
+
+    q: [T, H, 512 + rope_dim] bf16/fp16 (e4m3 for the fp8_e4m3 cache), or the pair
+       (q_nope [T, H, 512], q_pe [T, H, 64]) — no concatenating copy.
+    kv: the cache, [num_rows, row] or [num_blocks, block_size, row] of any element type (uint8
+        bytes for quantized formats); row r = block * block_stride_rows + offset, where
+        block_stride_rows is the tensor's block stride in rows.
+    idx: int32 [T, K] physical rows, -1 padded (invalid entries are skipped).
+    counts: optional int32 [T] active lengths. sink: optional float32 [H] sink logits.
+    lse_base: "e" or "2". return_lse=False skips the LSE (lse is then None).
+    out / lse: optional outputs ([T, H, 512], float32 [T, H]); allocated with q's framework when
+        None. out_dtype ("bf16", "fp16", "f32" — f32 on the CPU backend only) picks the dtype.
+    q_dtype: "bf16" / "fp16" / "e4m3" when the array type is ambiguous (uint16 data means bf16
+        unless q_dtype="fp16").
+    stream: cudaStream_t int / torch.cuda.Stream / None (see the module docs).
+    workspace: optional device byte buffer for split-K partials; allocated per call when needed.
+    """
+    q_nope, q_pe = _split_q(q)
+    T, H = int(q_nope.shape[0]), int(q_nope.shape[1])
+    if out is None:
+        out = _empty(q_nope, (T, H, LATENT_DIM), _out_kind(q_nope, out_dtype))
+    if lse is None and return_lse:
+        lse = _empty(q_nope, (T, H), "f32")
+    base = _lse_base(lse_base) if lse is not None else None
+    _smla._sparse_mla(
+        _dl(q_nope), _dl(q_pe), _dl(kv), _dl(idx), _dl(counts), _dl(sink), _dl(out), _dl(lse),
+        format=str(format), softmax_scale=float(softmax_scale), q_scale=float(q_scale), k_scale=float(k_scale),
+        rope_dim=int(rope_dim), lse_base=base, q_dtype=q_dtype, workspace=_dl(workspace),
+        stream=_stream(stream, q_nope), alloc=_allocator(q_nope) if _is_cuda(q_nope) else None)
+    return out, lse
+
+
+class Plan:
+    """A plan for one geometry (DESIGN.md §4): made once, shared by layers and threads.
+
+    Plan(num_heads, topk, *, rope_dim=64, format="bf16", q_dtype="bf16", lse_base="e" (None: no
+    LSE), sink=False, max_rows=1, graph_sizes=(), batch_invariant=False, backend="cuda", device=0)
+
+    ``workspace_bytes`` is the scratch every run needs; the caller owns it. :meth:`run` checks
+    the call against the plan (a geometry that was not planned raises, also during graph
+    capture), allocates nothing and never synchronizes.
+    """
+
+    def __init__(self, num_heads, topk, *, rope_dim=64, format="bf16", q_dtype="bf16", lse_base="e", sink=False,
+                 max_rows=1, graph_sizes=(), batch_invariant=False, backend="cuda", device=0):
+        self._plan = _smla._Plan(
+            num_heads=int(num_heads), topk=int(topk), rope_dim=int(rope_dim), format=str(format),
+            q_dtype=str(q_dtype), lse_base=_lse_base(lse_base), sink=bool(sink), max_rows=int(max_rows),
+            graph_sizes=[int(g) for g in graph_sizes], batch_invariant=bool(batch_invariant), backend=str(backend),
+            device=int(device))
+
+    def __getattr__(self, name):
+        # workspace_bytes, schedules, schedule_for, num_heads, topk, rope_dim, format, q_dtype,
+        # lse_base, sink, max_rows, backend, device
+        plan = self.__dict__.get("_plan")
+        if plan is None:
+            raise AttributeError(name)
+        return getattr(plan, name)
+
+    def __repr__(self):
+        p = self._plan
+        return (f"smla.Plan(num_heads={p.num_heads}, topk={p.topk}, rope_dim={p.rope_dim}, format={p.format!r}, "
+                f"q_dtype={p.q_dtype!r}, lse_base={p.lse_base!r}, sink={p.sink}, max_rows={p.max_rows}, "
+                f"backend={p.backend!r}, workspace_bytes={p.workspace_bytes})")
+
+    def new_workspace(self, like):
+        """A workspace buffer of workspace_bytes (at least 1 byte) made by like's framework on
+        like's device. Allocate it once, at startup."""
+        return _empty(like, (max(int(self._plan.workspace_bytes), 1),), "u8")
+
+    def run(self, q, kv, idx, out, *, softmax_scale, counts=None, sink=None, lse=None, q_scale=1.0, k_scale=1.0,
+            workspace=None, stream=None):
+        """Runs the planned geometry into the caller's out (and lse when the plan has LSE on).
+        q may be the (q_nope, q_pe) pair. Allocates nothing."""
+        q_nope, q_pe = _split_q(q)
+        self._plan.run(
+            _dl(q_nope), _dl(kv), _dl(idx), _dl(out), softmax_scale=float(softmax_scale), q_rope=_dl(q_pe),
+            counts=_dl(counts), sink=_dl(sink), lse=_dl(lse), q_scale=float(q_scale), k_scale=float(k_scale),
+            workspace=_dl(workspace), stream=_stream(stream, q_nope))
+        return out, lse
+
+    def check(self, q, kv, idx, out, *, softmax_scale, counts=None, sink=None, lse=None, q_scale=1.0,
+              k_scale=1.0, workspace=None):
+        """Raises SmlaError when run() with these arguments would be refused; runs nothing."""
+        q_nope, q_pe = _split_q(q)
+        self._plan.check(
+            _dl(q_nope), _dl(kv), _dl(idx), _dl(out), softmax_scale=float(softmax_scale), q_rope=_dl(q_pe),
+            counts=_dl(counts), sink=_dl(sink), lse=_dl(lse), q_scale=float(q_scale), k_scale=float(k_scale),
+            workspace=_dl(workspace))
+
+
+# ---------------------------------------------------------------------------------------------
+# Serving kernels
+
+
+def _as_int32(x):
+    """int64 index arrays (vLLM's slot_mapping) as int32; other dtypes pass through to the check."""
+    if x is None or _dtype_name(x) != "i64":
+        return x
+    if _framework(x) == "torch":
+        import torch
+
+        return x.to(torch.int32)
+    if isinstance(x, np.ndarray):
+        return x.astype(np.int32)
+    return x.astype("int32")
+
+
+def write_cache(latent, rope, slot_mapping, cache, *, format, k_scale=1.0, block_size=None, src_dtype=None,
+                stream=None):
+    """Encodes new tokens into their cache rows (DESIGN.md §3), bit-identical on every backend.
+
+    latent [N, 512] and rope [N, 64] (None for rope_dim = 0): bf16 (uint16 bits in NumPy) or fp16.
+    slot_mapping [N] int32 (int64 is converted): slot = block * block_size + offset; negative or
+    past the cache: skipped. cache: [num_blocks, block_size, row] of any element type (uint8 for
+    quantized formats) or [num_rows, row] (then block_size defaults to 1). Returns cache.
+    """
+    ref = latent
+    _smla._write_cache(_dl(latent), _dl(rope), _dl(_as_int32(slot_mapping)), _dl(cache), format=str(format),
+                       k_scale=float(k_scale), block_size=block_size, src_dtype=src_dtype,
+                       stream=_stream(stream, ref))
+    return cache
+
+
+def convert_indices(positions, block_table, *, block_size, block_stride_rows=None, req_of_token=None, phys=None,
+                    counts=None, dcp_world=1, dcp_rank=0, dcp_interleave=1, stream=None):
+    """Request-local top-k positions -> physical cache rows; returns ``(phys, counts)``.
+
+    positions int32 [T, K] (-1 padded); block_table int32 [num_reqs, max_blocks];
+    req_of_token int32 [T] (None: row t reads request t). phys[t] holds the valid rows compacted
+    to the front, -1 after; counts[t] their number. block_stride_rows (default block_size) is the
+    rows between blocks in the cache. With dcp_world > 1 only positions this rank owns are kept,
+    at their local rows (DESIGN.md §5).
+    """
+    T, K = int(positions.shape[0]), int(positions.shape[1])
+    if phys is None:
+        phys = _empty(positions, (T, K), "i32")
+    if counts is None:
+        counts = _empty(positions, (T,), "i32")
+    _smla._convert_indices(
+        _dl(positions), _dl(block_table), _dl(phys), _dl(counts), _dl(_as_int32(req_of_token)),
+        block_size=int(block_size), block_stride_rows=None if block_stride_rows is None else int(block_stride_rows),
+        dcp_world=int(dcp_world), dcp_rank=int(dcp_rank), dcp_interleave=int(dcp_interleave),
+        stream=_stream(stream, positions))
+    return phys, counts
+
+
+def finish_empty_rows(counts, out, lse=None, *, stream=None):
+    """Rows with counts[t] <= 0 get out 0 and LSE -inf; no other row is touched. For engines that
+    skip attention on such rows (sparse_mla itself already writes them so)."""
+    _smla._finish_empty_rows(_dl(counts), _dl(out), _dl(lse), stream=_stream(stream, out))
+    return out, lse
+
+
+def merge_partials(outs, lses, out=None, lse=None):
+    """Merges per-rank partial results of context parallelism (DESIGN.md §5): outs[w] [T, H, 512]
+    and natural-log lses[w] [T, H] (NaN / +inf count as -inf). Returns ``(out, lse)``, float32;
+    all-empty rows end as out 0, LSE -inf. NumPy arrays run the C++ merge; torch tensors (any
+    device) the same rule in torch ops."""
+    outs, lses = list(outs), list(lses)
+    if not outs or len(outs) != len(lses):
+        raise SmlaError("merge_partials needs one (out, lse) pair per rank")
+    if _framework(outs[0]) == "torch":
+        return _merge_partials_torch(outs, lses, out, lse)
+    outs = [np.ascontiguousarray(o, dtype=np.float32) for o in outs]
+    lses = [np.ascontiguousarray(x, dtype=np.float32) for x in lses]
+    T, H = outs[0].shape[0], outs[0].shape[1]
+    if out is None:
+        out = np.empty((T, H, LATENT_DIM), np.float32)
+    if lse is None:
+        lse = np.empty((T, H), np.float32)
+    _smla._merge_partials(outs, lses, out, lse)
+    return out, lse
+
+
+def _merge_partials_torch(outs, lses, out, lse):
+    import torch
+
+    L = torch.stack([x.float() for x in lses])  # [W, T, H]
+    L = torch.where(torch.isnan(L) | (L == math.inf), torch.full_like(L, -math.inf), L)
+    m = L.max(dim=0).values
+    m = torch.where(m == -math.inf, torch.zeros_like(m), m)
+    total = m + torch.log(torch.exp(L - m).sum(dim=0))
+    w = torch.exp(L - total)
+    w = torch.where(torch.isfinite(w), w, torch.zeros_like(w))
+    merged = (w.unsqueeze(-1) * torch.stack([o.float() for o in outs])).sum(dim=0)
+    if out is None:
+        out = merged
+    else:
+        out.copy_(merged)
+    if lse is None:
+        lse = total
+    else:
+        lse.copy_(total)
+    return out, lse
+
+
+def owner_rank(i, world, interleave):
+    """Context-parallel rank that owns request-local token position i (DESIGN.md §5)."""
+    return (i // interleave) % world
+
+
+def local_position(i, world, interleave):
+    """Position of token i in its owner rank's local cache."""
+    return (i // (world * interleave)) * interleave + i % interleave
+
+
+# ---------------------------------------------------------------------------------------------
+# Support checks
+
+
+def support(num_heads=128, topk=2048, *, rope_dim=64, format="bf16", q_dtype="bf16", lse_base="e", sink=False,
+            backend="cuda"):
+    """"" when `backend` ("cpu" / "cuda") can run this geometry here; otherwise one sentence that
+    says what is unsupported and what to use instead."""
+    return _smla._support(int(num_heads), int(topk), int(rope_dim), str(format), str(q_dtype), _lse_base(lse_base),
+                          bool(sink), str(backend))
+
+
+def kernel_name(num_heads=128, topk=2048, *, rope_dim=64, format="bf16", q_dtype="bf16"):
+    """Name of the CUDA kernel that would run the geometry, or "" when there is none."""
+    return _smla._kernel_name(int(num_heads), int(topk), int(rope_dim), str(format), str(q_dtype))
+
+
+# ---------------------------------------------------------------------------------------------
+# Row codecs and NumPy helpers
+
+
+def bf16_bits(x):
+    """bf16 bit patterns (uint16) of float values: round to nearest even (NumPy has no bf16)."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    u = x.view(np.uint32).astype(np.uint64)
+    r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    nan = np.isnan(x)
+    if nan.any():
+        r[nan] = (u[nan] >> 16).astype(np.uint16) | 0x40
+    return r
+
+
+def bf16_to_float(bits):
+    """float32 values of bf16 bit patterns (uint16, or ml_dtypes.bfloat16 / torch.bfloat16 data)."""
+    if _framework(bits) == "torch":
+        return bits.float()
+    b = np.asarray(bits)
+    if b.dtype.name == "bfloat16":
+        return b.astype(np.float32)
+    return (b.astype(np.uint32) << 16).view(np.float32)
+
+
+def encode_rows(format, latent, rope=None, k_scale=1.0):
+    """Rows of `format` (uint8 [N, row_bytes]) from float latent [N, 512] and rope [N, 64] (None:
+    rope_dim = 0): smla's CPU encoder, the definition every writer matches."""
+    latent = np.ascontiguousarray(latent, dtype=np.float32)
+    rope = None if rope is None else np.ascontiguousarray(rope, dtype=np.float32)
+    rows = np.empty((latent.shape[0], row_bytes(format, 0 if rope is None else ROPE_DIM)), np.uint8)
+    _smla._encode_rows(str(format), latent, rope, float(k_scale), rows)
+    return rows
+
+
+def decode_rows(format, rows, rope_dim=64, k_scale=1.0):
+    """Dequantized float32 [N, 512 + rope_dim] of uint8 rows [N, >= row_bytes]."""
+    rows = np.asarray(rows)
+    if rows.dtype != np.uint8:
+        rows = np.ascontiguousarray(rows).view(np.uint8).reshape(rows.shape[0], -1)
+    out = np.empty((rows.shape[0], LATENT_DIM + int(rope_dim)), np.float32)
+    _smla._decode_rows(str(format), rows, int(rope_dim), float(k_scale), out)
+    return out
+
+
+def token_to_request(query_start_loc, num_tokens):
+    """int32 [num_tokens] request of each token from cumulative offsets query_start_loc [R + 1]
+    (tokens past the last request get -1). Host arrays."""
+    qsl = np.ascontiguousarray(query_start_loc, dtype=np.int32)
+    out = np.empty(int(num_tokens), np.int32)
+    _smla._token_to_request(qsl, out)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Replay (DESIGN.md: `smla replay`)
+
+_ST_NP = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "I32": np.int32, "I64": np.int64,
+          "U8": np.uint8, "F8_E4M3": np.uint8, "I8": np.int8, "U16": np.uint16, "F64": np.float64}
+
+
+def _st_to_numpy(entry):
+    dtype, shape, raw = entry
+    if dtype not in _ST_NP:
+        raise SmlaError(f"safetensors dtype {dtype} has no NumPy mapping here")
+    return np.frombuffer(raw, dtype=np.dtype(_ST_NP[dtype]).newbyteorder("<")).reshape(shape)
+
+
+def replay(dump, *, backend="cpu", out_dtype="bf16", save=None):
+    """Runs a dumped layer (a safetensors file: path or bytes; see smla/replay.h) on `backend`.
+    Returns ``(tensors, metadata)``: numpy arrays "out" [T, H, 512] (bf16 as uint16 bits, or
+    float32 with out_dtype="f32") and "lse" [T, H] float32. save: optional path to write the
+    result as safetensors."""
+    data = dump if isinstance(dump, (bytes, bytearray, memoryview)) else open(os.fspath(dump), "rb").read()
+    tensors, meta = _smla._replay(bytes(data), str(backend), str(out_dtype))
+    if save is not None:
+        with open(os.fspath(save), "wb") as f:
+            f.write(_smla._st_serialize(tensors, meta))
+    return {k: _st_to_numpy(v) for k, v in tensors.items()}, dict(meta)
+
+
+def _host(x):
+    """(safetensors dtype name, contiguous host numpy array) of any array."""
+    name = _dtype_name(x)
+    if _framework(x) == "torch":
+        import torch
+
+        t = x.detach().cpu().contiguous()
+        if name in ("bf16", "fp16", "u16"):
+            a = t.view(torch.int16).numpy().view(np.uint16 if name != "fp16" else np.float16)
+        elif name == "e4m3":
+            a = t.view(torch.uint8).numpy()
+        else:
+            a = t.numpy()
+    else:
+        a = np.ascontiguousarray(x.get() if _framework(x) == "cupy" else x)
+        if a.dtype.name == "bfloat16":
+            a = a.view(np.uint16)
+        elif a.dtype.name.startswith("float8"):
+            a = a.view(np.uint8)
+    st = {"bf16": "BF16", "u16": "BF16", "fp16": "F16", "f32": "F32", "i32": "I32", "u8": "U8",
+          "e4m3": "F8_E4M3", "i64": "I64"}.get(name)
+    if st is None:
+        raise SmlaError(f"cannot dump an array of dtype {getattr(x, 'dtype', '?')}")
+    return st, a
+
+
+def dump_layer(path, q, kv, idx, *, format, softmax_scale, counts=None, sink=None, q_scale=1.0, k_scale=1.0,
+               lse_base="e", rope_dim=64):
+    """Writes one attention call as a replay dump (safetensors) that ``smla replay`` and
+    :func:`replay` run. Arrays may live on any device (they are copied to the host). A paged
+    cache [num_blocks, block_size, row] is written as its dense rows [num_blocks * block_size, row];
+    q may be the (q_nope, q_pe) pair (written concatenated)."""
+    q_nope, q_pe = _split_q(q)
+    qt, qa = _host(q_nope)
+    if q_pe is not None:
+        _, pa = _host(q_pe)
+        qa = np.concatenate([qa, pa], axis=-1)
+    if qt == "U8":
+        qt = "F8_E4M3"
+    kt, ka = _host(kv)
+    ka = ka.reshape(-1, ka.shape[-1])
+    if format in ("bf16", "fp16"):
+        kt = "BF16" if format == "bf16" else "F16"
+    tensors = {"q": (qt, list(qa.shape), qa.tobytes()), "kv": (kt, list(ka.shape), ka.tobytes())}
+    it, ia = _host(idx)
+    tensors["idx"] = (it, list(ia.shape), ia.tobytes())
+    if counts is not None:
+        ct, ca = _host(counts)
+        tensors["counts"] = (ct, list(ca.shape), ca.tobytes())
+    if sink is not None:
+        st, sa = _host(sink)
+        tensors["sink"] = (st, list(sa.shape), sa.tobytes())
+    meta = {"format": str(format), "softmax_scale": repr(float(softmax_scale)), "q_scale": repr(float(q_scale)),
+            "k_scale": repr(float(k_scale)), "lse_base": _lse_base(lse_base) or "e", "rope_dim": str(int(rope_dim))}
+    with open(os.fspath(path), "wb") as f:
+        f.write(_smla._st_serialize(tensors, meta))
