@@ -102,7 +102,7 @@ const DeviceInfo& cached_device_info(int id) {
 }
 #endif
 
-[[noreturn]] void no_cuda(const std::string& what) {
+[[noreturn, maybe_unused]] void no_cuda(const std::string& what) {
   fail_unsupported(what + " got CUDA arrays but this build of smla has no CUDA backend (nvcc was not found at "
                           "build time); pass host arrays or rebuild with nvcc on the PATH");
 }
