@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -81,5 +82,11 @@ class Dcp {
 std::vector<uint8_t> make_unique_id();
 void* make_comm(const std::vector<uint8_t>& unique_id, int world, int rank);
 void destroy_comm(void* comm);
+
+// Runs fn(rank, unique_id) in `world` child processes, one per GPU (fork; the parent never
+// initializes CUDA, so call this before any CUDA work in the process). Each child's return value is
+// its exit code. Returns the number of ranks that failed, or -1 when fewer than `world` GPUs are
+// visible (nothing is run then).
+int run_ranks(int world, const std::function<int(int rank, const std::vector<uint8_t>& unique_id)>& fn);
 
 }  // namespace smla::dist

@@ -1,5 +1,4 @@
-// DCP over NCCL on W GPUs, one process per GPU (DESIGN.md §5). The parent forks W ranks and hands
-// them an NCCL unique id through pipes; it never touches CUDA itself.
+// DCP over NCCL on W GPUs, one process per GPU (DESIGN.md §5), forked by dist::run_ranks.
 //
 //   smla_dcp_multi_gpu [--world W]          correctness: every case vs the float64-free CPU
 //                                           reference on the unsharded cache (out rel L2 <= 1e-2,
@@ -9,7 +8,6 @@
 //
 // Exit 0 on success, 1 on failure, 77 (CTest: skipped) when fewer than W GPUs are visible.
 #include <cuda_runtime.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -168,45 +166,11 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--world") && i + 1 < argc) world = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--fail")) fail_mode = true;
   }
-  // How many GPUs? Asked in a child so that the parent never initializes CUDA before forking.
-  const pid_t probe = fork();
-  if (probe == 0) _exit(std::min(smla::cuda::device_count(), 100));
-  int st = 0;
-  waitpid(probe, &st, 0);
-  const int gpus = WIFEXITED(st) ? WEXITSTATUS(st) : 0;
-  if (gpus < world) {
-    std::printf("skipped: DCP over NCCL needs %d GPUs, %d visible (GPU test not run)\n", world, gpus);
+  const int failures = smla::dist::run_ranks(
+      world, [&](int rank, const std::vector<uint8_t>& id) { return rank_main(world, rank, id, fail_mode); });
+  if (failures < 0) {
+    std::printf("skipped: DCP over NCCL needs %d GPUs (GPU test not run)\n", world);
     return 77;
-  }
-  std::vector<int> pipes(size_t(2 * world));
-  std::vector<pid_t> pids;
-  for (int r = 0; r < world; ++r) {
-    if (pipe(&pipes[size_t(2 * r)]) != 0) return 1;
-    const pid_t pid = fork();
-    if (pid == 0) {
-      std::vector<uint8_t> id(128);
-      size_t got = 0;
-      while (got < id.size()) {
-        const ssize_t n = read(pipes[size_t(2 * r)], id.data() + got, id.size() - got);
-        if (n <= 0) _exit(1);
-        got += size_t(n);
-      }
-      try {
-        _exit(rank_main(world, r, id, fail_mode));
-      } catch (const std::exception& e) {
-        std::printf("rank %d: error: %s\n", r, e.what());
-        _exit(1);
-      }
-    }
-    pids.push_back(pid);
-  }
-  const auto id = smla::dist::make_unique_id();  // host-side bootstrap only; no CUDA in the parent
-  for (int r = 0; r < world; ++r)
-    if (write(pipes[size_t(2 * r + 1)], id.data(), id.size()) != ssize_t(id.size())) return 1;
-  int failures = 0;
-  for (pid_t pid : pids) {
-    waitpid(pid, &st, 0);
-    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) ++failures;
   }
   std::printf("dcp %s W=%d: %s\n", fail_mode ? "failure test" : "correctness", world, failures ? "FAILED" : "passed");
   return failures ? 1 : 0;

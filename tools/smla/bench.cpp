@@ -91,6 +91,13 @@ int bench_cpu(const Args& a) {
 }  // namespace
 
 int cmd_bench(const Args& a) {
+  if (a.has("dcp")) {
+#if SMLA_HAVE_NCCL
+    return bench_dcp(a);
+#else
+    fail("this build has no NCCL: smla bench --dcp is not available");
+#endif
+  }
   std::string backend = a.get("backend", "");
   if (backend.empty()) backend = first_cuda_device().present() && built_with_cuda() ? "cuda" : "cpu";
   if (parse_backend(backend) == Backend::kCuda) {
