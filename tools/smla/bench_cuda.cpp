@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -157,7 +158,10 @@ int bench_cuda(const Args& a) {
       r.backend = "cuda";
       Geometry g = geometry_of(p);
       const int splits = choose_num_splits(T, int((H + 63) / 64), K, dev.num_sms);
-      r.kernel = cuda_kernel_name(g) + (splits > 1 ? " split" + std::to_string(splits) : "");
+      const char* env = std::getenv("SMLA_SM90_KERNEL");  // the launcher's variant switch
+      const bool mma64 = env != nullptr && std::string(env) == "mma";
+      const std::string variant = H <= 16 ? "/h16.mma" : H <= 32 ? "/h32.mma" : mma64 ? "/h64.mma" : "/h64.wgmma";
+      r.kernel = cuda_kernel_name(g) + variant + (splits > 1 ? "/split" + std::to_string(splits) : "");
       r.format = std::string(to_string(fmt));
       r.T = T, r.H = H, r.K = K, r.D = D, r.row_bytes = rb;
       r.valid_entries = double(T) * K;

@@ -29,7 +29,9 @@ inline constexpr float kLn2 = 0.6931471805599453f;
 
 // Physical 16-byte chunk of logical chunk `ch` in row `r`: XOR by row inside groups of 8 chunks
 // (128 bytes), so 8 consecutive rows at one logical chunk land in 8 different bank groups.
-__device__ __forceinline__ int swizzle(int r, int ch) { return (ch & ~7) | ((ch ^ r) & 7); }
+// Equal to ch ^ (r & 7): the XOR touches the low 3 bits only, so offsets of a lane whose rows
+// share r & 7 are per-lane constants plus multiples of 128 bytes (precomputed below).
+__device__ __forceinline__ int swizzle(int r, int ch) { return ch ^ (r & 7); }
 
 template <typename Elem, int kMTiles>
 __global__ void __launch_bounds__(Config<kMTiles>::kThreads, 1)
@@ -81,12 +83,18 @@ __global__ void __launch_bounds__(Config<kMTiles>::kThreads, 1)
     for (int i = 0; i < kRowsPerWarp; ++i) {
       const int r = warp + Cfg::kWarps * i;
       const int row = __shfl_sync(0xffffffffu, row_ids, i);
-      const uint32_t dst = stage_base + uint32_t(r * kRowBytesMax);
+      // Lane l copies chunks l, l + 32 and (D = 576) l + 64; swizzled, they land 512 B apart.
+      const uint32_t dst = stage_base + uint32_t(r * kRowBytesMax + swizzle(r, lane) * 16);
+      const bool third = lane + 64 < p.row_chunks;
       if (row >= 0) {
-        const uint8_t* src = p.kv + int64_t(row) * p.kv_row_stride_bytes;
-        for (int ch = lane; ch < p.row_chunks; ch += 32) ptx::cp_async_16(dst + swizzle(r, ch) * 16, src + ch * 16);
+        const uint8_t* src = p.kv + int64_t(row) * p.kv_row_stride_bytes + lane * 16;
+        ptx::cp_async_16(dst, src);
+        ptx::cp_async_16(dst + 512, src + 512);
+        if (third) ptx::cp_async_16(dst + 1024, src + 1024);
       } else {
-        for (int ch = lane; ch < p.row_chunks; ch += 32) ptx::st_shared_zero16(dst + swizzle(r, ch) * 16);
+        ptx::st_shared_zero16(dst);
+        ptx::st_shared_zero16(dst + 512);
+        if (third) ptx::st_shared_zero16(dst + 1024);
       }
       if (lane == 0) s.col_bias[stage][r] = row >= 0 ? 0.0f : -INFINITY;
     }
@@ -140,6 +148,17 @@ __global__ void __launch_bounds__(Config<kMTiles>::kThreads, 1)
   const int kb_sel = (lane >> 3) & 1;
   const int vb_row = (lane & 7) + (((lane >> 3) & 1) << 3);  // V rows: k of B (PV), + 16 kk
   const int vb_sel = lane >> 4;
+  // Every ldmatrix row of this lane has row % 8 == lane % 8, so the swizzled offset of the u-th
+  // 16-wide k-step inside a 128-byte group is a per-lane constant.
+  uint32_t a_off[4], kb_off[4], vb_off[4];
+#pragma unroll
+  for (int u = 0; u < 4; ++u) {
+    a_off[u] = uint32_t(swizzle(lane, 2 * u + a_sel) * 16);
+    kb_off[u] = uint32_t(swizzle(lane, 2 * u + kb_sel) * 16);
+    vb_off[u] = uint32_t(swizzle(lane, 2 * u + vb_sel) * 16);
+  }
+  const uint32_t qa = q_base + a_row * kRowBytesMax;
+  const uint32_t pa = p_base + a_row * (kBlockK * 2);
 
   for (int tile = 0; tile < num_tiles; ++tile) {
     const int stage = tile & 1;
@@ -150,16 +169,19 @@ __global__ void __launch_bounds__(Config<kMTiles>::kThreads, 1)
     // ---- S(16 x 16 per warp) = Q K^T; two accumulator sets break the MMA dependency chain.
     float acc_s[2][2][4] = {};  // [k-step parity][n-tile][C fragment]
     {
-      const uint32_t qa = q_base + a_row * kRowBytesMax;
       const uint32_t kb = kv_base + kb_row * kRowBytesMax;
-      for (int ks = 0; ks < p.k_steps; ks += 2) {
+      // 128-byte groups of 4 k-steps: 9 (D = 576) or 8 (D = 512); unrolled so every ldmatrix
+      // address is a register plus an immediate.
 #pragma unroll
-        for (int par = 0; par < 2; ++par) {
+      for (int grp = 0; grp < kMaxDim / 64; ++grp) {
+        if (grp * 4 >= p.k_steps) break;
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
           uint32_t a[4], b[4];
-          ptx::ldmatrix_x4(a, qa + swizzle(a_row, 2 * (ks + par) + a_sel) * 16);
-          ptx::ldmatrix_x4(b, kb + swizzle(kb_row, 2 * (ks + par) + kb_sel) * 16);
-          ptx::mma_16816<Elem>(acc_s[par][0], a, b[0], b[1]);
-          ptx::mma_16816<Elem>(acc_s[par][1], a, b[2], b[3]);
+          ptx::ldmatrix_x4(a, qa + a_off[u] + grp * 128);
+          ptx::ldmatrix_x4(b, kb + kb_off[u] + grp * 128);
+          ptx::mma_16816<Elem>(acc_s[u & 1][0], a, b[0], b[1]);
+          ptx::mma_16816<Elem>(acc_s[u & 1][1], a, b[2], b[3]);
         }
       }
     }
@@ -214,18 +236,18 @@ __global__ void __launch_bounds__(Config<kMTiles>::kThreads, 1)
     }
     __syncthreads();  // (C) P of all 64 columns is in smem
 
-    // ---- O(16 x 128 per warp) += P(16 x 64) V(64 x 128). Not unrolled over kk: at the 128-register
-    // cap of the 64-head tile, unrolling hoists loads and spills.
-#pragma unroll 1
+    // ---- O(16 x 128 per warp) += P(16 x 64) V(64 x 128). Not unrolled over kk for the 64-head
+    // tile: at its 128-register cap, unrolling hoists loads and spills.
+    const uint32_t vb = kv_base + vb_row * kRowBytesMax + wq * (kOutColsPerWarp * 2);
+#pragma unroll(kMTiles == 4 ? 1 : kBlockK / 16)
     for (int kk = 0; kk < kBlockK / 16; ++kk) {
       uint32_t a[4];
-      ptx::ldmatrix_x4(a, p_base + a_row * (kBlockK * 2) + swizzle(a_row, 2 * kk + a_sel) * 16);
-      const int vr = kk * 16 + vb_row;
-      const uint32_t vb = kv_base + vr * kRowBytesMax;
+      ptx::ldmatrix_x4(a, pa + swizzle(lane, 2 * kk + a_sel) * 16);  // kk may be a run-time index
+      const uint32_t vk = vb + kk * 16 * kRowBytesMax;
 #pragma unroll
       for (int np = 0; np < kOutColsPerWarp / 16; ++np) {
         uint32_t b[4];
-        ptx::ldmatrix_x4_trans(b, vb + swizzle(vr, wq * (kOutColsPerWarp / 8) + 2 * np + vb_sel) * 16);
+        ptx::ldmatrix_x4_trans(b, vk + vb_off[np & 3] + (np >> 2) * 128);
         ptx::mma_16816<Elem>(acc_o[2 * np], a, b[0], b[1]);
         ptx::mma_16816<Elem>(acc_o[2 * np + 1], a, b[2], b[3]);
       }

@@ -2,6 +2,7 @@
 // KernelParams, and the one compile-time dispatch (element type x head tile).
 #include <cuda_runtime.h>
 
+#include <cstdlib>
 #include <string>
 
 #include "cuda/sm90/sparse_mla/launcher.h"
@@ -46,6 +47,16 @@ int current_num_sms() {
 
 int num_splits_for(const SparseMlaParams& p, int num_sms) {
   return choose_num_splits(p.num_tokens, k::head_groups_for(p.num_heads), p.topk, num_sms);
+}
+
+// 64-head tiles run on the wgmma variant unless SMLA_SM90_KERNEL=mma asks for the mma.sync one
+// (kept for comparison and as a fallback).
+bool use_wgmma() {
+  static const bool v = [] {
+    const char* e = std::getenv("SMLA_SM90_KERNEL");
+    return e == nullptr || std::string(e) != "mma";
+  }();
+  return v;
 }
 
 bool aligned(const void* ptr, int64_t bytes) { return reinterpret_cast<uintptr_t>(ptr) % uint64_t(bytes) == 0; }
@@ -110,10 +121,12 @@ void sparse_mla(const SparseMlaParams& p, void* workspace, size_t workspace_byte
   if (fp16) {
     if (tile == 16) k::launch_main<ptx::Fp16, 1>(kp, s);
     else if (tile == 32) k::launch_main<ptx::Fp16, 2>(kp, s);
+    else if (use_wgmma()) k::launch_wgmma<ptx::Fp16>(kp, s);
     else k::launch_main<ptx::Fp16, 4>(kp, s);
   } else {
     if (tile == 16) k::launch_main<ptx::Bf16, 1>(kp, s);
     else if (tile == 32) k::launch_main<ptx::Bf16, 2>(kp, s);
+    else if (use_wgmma()) k::launch_wgmma<ptx::Bf16>(kp, s);
     else k::launch_main<ptx::Bf16, 4>(kp, s);
   }
   cudaError_t e = cudaGetLastError();
