@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Draws `smla bench --json` output as a PNG: roofline fraction (max(bytes/copy, flops/gemm) / time,
-ceilings measured in the same run) against rows T, one line per head count, plus a table-like
-second panel of achieved TFLOP/s and TB/s.
+ceilings measured in the same run) against rows T, one line per head count, and a second panel of
+achieved TFLOP/s and GB/s.
 
 usage: scripts/plot_bench.py bench.json bench.png
 """
@@ -24,10 +24,8 @@ def main(src: str, dst: str) -> None:
         cs = sorted((c for c in cases if c["H"] == h), key=lambda c: c["T"])
         ts = [c["T"] for c in cs]
         ax.plot(ts, [c["roofline_fraction"] for c in cs], marker="o", label=f"H={h}")
-        bound_mem = [c["tbps"] / data["copy_tbps"] >= c["tflops"] / data["gemm_tflops"] for c in cs]
         ax2.plot(ts, [c["tflops"] for c in cs], marker="o", label=f"H={h} TFLOP/s")
         ax2.plot(ts, [1000 * c["tbps"] for c in cs], marker="x", linestyle="--", label=f"H={h} GB/s")
-        del bound_mem
     ax.axhline(0.85, color="gray", linestyle=":", label="target 0.85")
     ax.set_xscale("log", base=2)
     ax.set_ylim(0, 1.05)

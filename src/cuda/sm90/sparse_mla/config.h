@@ -1,6 +1,6 @@
 // SM90 sparse MLA for 16-bit (bf16 / fp16) KV caches: the kernel's params struct, its
-// compile-time constants and its shared-memory plan. Host-compilable (no CUDA headers), so the
-// shared-memory budget is checked by every build, CUDA or not.
+// compile-time constants and its shared-memory plan. No CUDA headers: the shared-memory
+// static_asserts hold for any compiler that includes it (host tests may too).
 #pragma once
 
 #include <cstddef>
@@ -13,6 +13,8 @@ struct KernelParams {
   int64_t num_tokens;  // T
   int num_heads;       // H (1..128)
   int head_groups;     // blocks per token along heads; group g covers heads [g * kHeadTile, ...)
+                       // grid.x = T * head_groups, head group fastest: a token's groups run together
+                       // and share its gathered rows in L2
   int num_splits;      // blocks per token along the top-k (1: no split, no workspace)
   int topk;            // K, capacity of idx rows
   int row_chunks;      // 16-byte chunks of one KV row: 72 (D = 576) or 64 (D = 512)
@@ -28,6 +30,7 @@ struct KernelParams {
   int64_t kv_row_stride_bytes;
   int64_t num_rows;
 
+  bool l2_prefetch;     // bulk-prefetch rows into L2 kL2PrefetchTiles tiles ahead of the gather
   const int32_t* idx;  // [T, K] int32, row stride idx_stride_t
   int64_t idx_stride_t;
   const int32_t* counts;  // nullable: [T]
@@ -53,6 +56,10 @@ inline constexpr int kMaxDim = 576;           // smem rows always hold the D = 5
 inline constexpr int kRowBytesMax = kMaxDim * 2;
 inline constexpr int kBlockK = 64;            // top-k entries per pipeline tile
 inline constexpr int kStages = 2;             // tiles in flight: one computed, one gathering
+// Tiles whose rows are bulk-prefetched into L2 beyond the two in shared memory: the random row
+// gathers see ~7 us of loaded latency (measured, docs/perf-notes.md), more than two 72 KiB stages
+// cover; L2 prefetches keep DRAM busy without using shared memory.
+inline constexpr int kL2PrefetchTiles = 2;
 inline constexpr int kWarpsPerMTile = 4;      // the 4 warps of a 16-head tile split 64 columns / 512 dims
 inline constexpr int kOutColsPerWarp = kLatent / kWarpsPerMTile;     // 128 output dims per warp
 inline constexpr int kScoreColsPerWarp = kBlockK / kWarpsPerMTile;   // 16 score columns per warp
@@ -110,6 +117,7 @@ static_assert(offsetof(WgmmaConfig::SharedStorage, kv) % 1024 == 0 &&
 static_assert(Config<1>::kSmemBytes <= kSmemLimit, "head tile 16: shared memory over 227 KiB");
 static_assert(Config<2>::kSmemBytes <= kSmemLimit, "head tile 32: shared memory over 227 KiB");
 static_assert(Config<4>::kSmemBytes <= kSmemLimit, "head tile 64: shared memory over 227 KiB");
+static_assert(kL2PrefetchTiles == 2, "the kernels rotate row ids through three registers");
 static_assert(kBlockK == kWarpsPerMTile * 16, "each warp scores two 8-wide MMA column tiles");
 
 // Head tile (rows of one block) for H heads: 16, 32 or 64; H > 64 uses groups of 64.

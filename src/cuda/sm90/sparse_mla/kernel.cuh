@@ -45,8 +45,8 @@ __global__ void __launch_bounds__(Config<kMTiles>::kThreads, 1)
   const int mw = warp / kWarpsPerMTile;  // head MMA tile of this warp
   const int wq = warp % kWarpsPerMTile;  // score-column quarter, then output-dim quarter
   const int g = lane >> 2, tq = lane & 3;  // MMA fragment row / column-pair of this lane
-  const int64_t t = blockIdx.x;
-  const int head0 = blockIdx.y * Cfg::kHeadTile;
+  const int64_t t = blockIdx.x / p.head_groups;
+  const int head0 = int(blockIdx.x - t * p.head_groups) * Cfg::kHeadTile;
   const int split = blockIdx.z;
 
   // ---- this block's entry range [begin, end) of the token's active top-k.
@@ -100,7 +100,13 @@ __global__ void __launch_bounds__(Config<kMTiles>::kThreads, 1)
     }
   };
 
-  int next_ids = -1;  // row ids of the next tile to gather
+  // Row ids (one per lane, see load_row_ids) of the tiles gathered 2, 3 and 4 steps from now: a
+  // tile's ids are loaded 3 steps before its gather and prefetched into L2 2 steps before it.
+  int ids_a = -1, ids_b = -1, ids_c = -1;
+  auto prefetch = [&](int row_ids) {
+    if (p.l2_prefetch && row_ids >= 0)
+      ptx::prefetch_l2_bulk(p.kv + int64_t(row_ids) * p.kv_row_stride_bytes, uint32_t(p.row_chunks * 16));
+  };
   if (num_tiles > 0) {
     // ---- Q (kHeadTile, D) -> smem, heads past H zero; with 16-byte-aligned q it rides in the
     // first cp.async group together with tile 0.
@@ -132,7 +138,11 @@ __global__ void __launch_bounds__(Config<kMTiles>::kThreads, 1)
     ptx::cp_async_commit();
     gather(load_row_ids(1), 1);  // all masked rows when there is no tile 1: nothing is read
     ptx::cp_async_commit();
-    next_ids = load_row_ids(kStages);
+    ids_a = load_row_ids(kStages);
+    ids_b = load_row_ids(kStages + 1);
+    ids_c = load_row_ids(kStages + kL2PrefetchTiles);
+    prefetch(ids_a);
+    prefetch(ids_b);
   }
 
   float acc_o[kOutColsPerWarp / 8][4];  // (16 heads, 128 dims): 16 n-tiles of the C fragment
@@ -254,9 +264,10 @@ __global__ void __launch_bounds__(Config<kMTiles>::kThreads, 1)
     }
     __syncthreads();  // (D) every warp is done with this stage and with P
 
-    if (tile + kStages < num_tiles) gather(next_ids, stage);
+    if (tile + kStages < num_tiles) gather(ids_a, stage);
     ptx::cp_async_commit();  // possibly empty: keeps "wait for all but the newest group" exact
-    next_ids = load_row_ids(tile + kStages + 1);
+    prefetch(ids_c);  // tile + 4
+    ids_a = ids_b, ids_b = ids_c, ids_c = load_row_ids(tile + kStages + kL2PrefetchTiles + 1);
   }
 
   // ---- row sums: lanes of a quad, then the 4 column warps of the head tile.
@@ -361,7 +372,7 @@ void launch_main(const KernelParams& p, cudaStream_t stream) {
     cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Cfg::kSmemBytes));
     attribute_set.fetch_or(bit, std::memory_order_release);
   }
-  const dim3 grid(unsigned(p.num_tokens), unsigned(p.head_groups), unsigned(p.num_splits));
+  const dim3 grid(unsigned(p.num_tokens * p.head_groups), 1, unsigned(p.num_splits));
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
 }
 

@@ -26,8 +26,8 @@ __global__ void __launch_bounds__(WgmmaConfig::kThreads, 1)
   const int wg = warp / 4;                 // warpgroup: score columns, then output dims
   const int wrow = (warp % 4) * 16;        // first of the 16 accumulator rows of this warp
   const int g = lane >> 2, tq = lane & 3;  // fragment row / column pair
-  const int64_t t = blockIdx.x;
-  const int head0 = blockIdx.y * Cfg::kHeadTile;
+  const int64_t t = blockIdx.x / p.head_groups;
+  const int head0 = int(blockIdx.x - t * p.head_groups) * Cfg::kHeadTile;
   const int split = blockIdx.z;
 
   int n = p.topk;
@@ -76,7 +76,13 @@ __global__ void __launch_bounds__(WgmmaConfig::kThreads, 1)
   };
 
   const uint32_t q_base = ptx::smem_addr(s.q), p_base = ptx::smem_addr(s.p);
-  int next_ids = -1;
+  // Row ids (one per lane, see load_row_ids) of the tiles gathered 2, 3 and 4 steps from now: a
+  // tile's ids are loaded 3 steps before its gather and prefetched into L2 2 steps before it.
+  int ids_a = -1, ids_b = -1, ids_c = -1;
+  auto prefetch = [&](int row_ids) {
+    if (p.l2_prefetch && row_ids >= 0)
+      ptx::prefetch_l2_bulk(p.kv + int64_t(row_ids) * p.kv_row_stride_bytes, uint32_t(p.row_chunks * 16));
+  };
   if (num_tiles > 0) {
     const int q_chunks = 2 * p.k_steps;
     for (int c = tid; c < Cfg::kHeadTile * q_chunks; c += Cfg::kThreads) {
@@ -108,7 +114,11 @@ __global__ void __launch_bounds__(WgmmaConfig::kThreads, 1)
     ptx::cp_async_commit();
     gather(load_row_ids(1), 1);
     ptx::cp_async_commit();
-    next_ids = load_row_ids(kStages);
+    ids_a = load_row_ids(kStages);
+    ids_b = load_row_ids(kStages + 1);
+    ids_c = load_row_ids(kStages + kL2PrefetchTiles);
+    prefetch(ids_a);
+    prefetch(ids_b);
   }
 
   float acc_o[128];  // (64 heads, 256 dims) of this warpgroup: [n8 block j][C fragment]
@@ -205,9 +215,10 @@ __global__ void __launch_bounds__(WgmmaConfig::kThreads, 1)
     ptx::fence_operands(acc_o);
     __syncthreads();  // (D) stage and P free
 
-    if (tile + kStages < num_tiles) gather(next_ids, stage);
+    if (tile + kStages < num_tiles) gather(ids_a, stage);
     ptx::cp_async_commit();
-    next_ids = load_row_ids(tile + kStages + 1);
+    prefetch(ids_c);  // tile + 4
+    ids_a = ids_b, ids_b = ids_c, ids_c = load_row_ids(tile + kStages + kL2PrefetchTiles + 1);
   }
 
   // ---- row sums: quad, then the two warpgroups.
@@ -271,7 +282,7 @@ void launch_wgmma(const KernelParams& p, cudaStream_t stream) {
     cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Cfg::kSmemBytes));
     attribute_set.fetch_or(bit, std::memory_order_release);
   }
-  const dim3 grid(unsigned(p.num_tokens), unsigned(p.head_groups), unsigned(p.num_splits));
+  const dim3 grid(unsigned(p.num_tokens * p.head_groups), 1, unsigned(p.num_splits));
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
 }
 

@@ -24,7 +24,8 @@ void check_kernel_supports(const SparseMlaParams& p) {
                                                  " exceeds 128 heads per call; call once per group of <= 128 heads");
   SMLA_CHECK(p.out_dtype != DType::kFP32,
              "out_dtype f32 is CPU-only; the CUDA backend writes bf16 (fp16 for an fp16 q)");
-  SMLA_CHECK(p.num_tokens < (int64_t(1) << 31), "T must be < 2^31 on the CUDA backend");
+  SMLA_CHECK(p.num_tokens * sm90::sparse_mla::head_groups_for(p.num_heads) < (int64_t(1) << 31),
+             "T * ceil(H / 64) must be < 2^31 on the CUDA backend (one grid row per token and head group)");
   if (p.num_tokens == 0) return;
   SMLA_CHECK(p.num_rows == 0 || (reinterpret_cast<uintptr_t>(p.kv) % 16 == 0 && p.kv_row_stride_bytes % 16 == 0),
              "kv must be 16-byte aligned with a row stride that is a multiple of 16 bytes (got stride " +
@@ -55,6 +56,15 @@ bool use_wgmma() {
   static const bool v = [] {
     const char* e = std::getenv("SMLA_SM90_KERNEL");
     return e == nullptr || std::string(e) != "mma";
+  }();
+  return v;
+}
+
+// L2 bulk prefetch of rows ahead of the gather; SMLA_SM90_L2_PREFETCH=0 turns it off (A/B runs).
+bool use_l2_prefetch() {
+  static const bool v = [] {
+    const char* e = std::getenv("SMLA_SM90_L2_PREFETCH");
+    return e == nullptr || std::string(e) != "0";
   }();
   return v;
 }
@@ -98,6 +108,7 @@ void sparse_mla(const SparseMlaParams& p, void* workspace, size_t workspace_byte
   kp.kv = static_cast<const uint8_t*>(p.kv);
   kp.kv_row_stride_bytes = p.kv_row_stride_bytes;
   kp.num_rows = p.num_rows;
+  kp.l2_prefetch = use_l2_prefetch();
   kp.idx = p.idx;
   kp.idx_stride_t = p.idx_stride_t;
   kp.counts = p.counts;
