@@ -14,12 +14,19 @@ int device_count();
 // Properties of device `ordinal` (throws Error when it does not exist).
 DeviceInfo device_info(int ordinal = 0);
 
-// Workspace bytes a launch of p needs on a device with num_sms SMs (0: none).
-size_t sparse_mla_workspace_bytes(const SparseMlaParams& p, int num_sms);
+// The split of each row's top-k the launcher picks by itself for p.num_tokens rows on a device
+// with num_sms SMs (choose_num_splits over the kernel's blocks per row).
+int sparse_mla_auto_splits(const SparseMlaParams& p, int num_sms);
+
+// Workspace bytes a launch of p needs with `num_splits` pieces per row (0: the automatic choice).
+size_t sparse_mla_workspace_bytes(const SparseMlaParams& p, int num_sms, int num_splits = 0);
 
 // Launches DESIGN.md §1 on `stream`. Every pointer in p is a device pointer. Validates p on the
-// host (throws Error before any launch); never allocates and never synchronizes.
-void sparse_mla(const SparseMlaParams& p, void* workspace, size_t workspace_bytes, void* stream);
+// host (throws Error before any launch); never allocates and never synchronizes. num_splits > 0
+// fixes the split of every row's top-k (a plan's schedule; the batch-invariant mode); 0 lets the
+// launcher choose from T.
+void sparse_mla(const SparseMlaParams& p, void* workspace, size_t workspace_bytes, void* stream,
+                int num_splits = 0);
 
 // Convenience for the CLI and tests: p holds HOST pointers; copies inputs to device 0, runs,
 // copies out/lse back and synchronizes. kv_bytes: bytes of the cache buffer p.kv points to.

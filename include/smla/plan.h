@@ -23,6 +23,12 @@ int choose_num_splits(int64_t num_tokens, int blocks_per_row, int topk, int num_
 // rounded up to 256 bytes. 0 when splits == 1.
 size_t split_workspace_bytes(int64_t num_tokens, int num_heads, int splits);
 
+// Batch-invariant mode: every row's top-k is cut into pieces of kBatchInvariantChunk entries
+// whatever T is, so a row's reduction order, and with it its output bits, never depend on the
+// batch around it. Example: K = 2048 -> 2 pieces; K = 100 -> 1.
+inline constexpr int kBatchInvariantChunk = 1024;
+int batch_invariant_splits(int topk);
+
 // Row-count bucket of T: the smallest power of two >= T (0 for T = 0).
 int64_t row_bucket(int64_t num_tokens);
 

@@ -29,26 +29,26 @@ Plan::Plan(const PlanConfig& cfg) : cfg_(cfg) {
   std::sort(buckets.begin(), buckets.end());
   buckets.erase(std::unique(buckets.begin(), buckets.end()), buckets.end());
 
+  // Each bucket's split is fixed here, at plan time: a run of T rows uses the split of the
+  // smallest bucket >= T, so a captured graph replays exactly the schedule it was captured with.
+  // The CPU backend never splits.
   if (cfg.backend == Backend::kCuda) num_sms_ = first_cuda_device().num_sms;
   for (int64_t b : buckets) {
     Schedule sc;
     sc.bucket = b;
-    sc.num_splits = cfg.backend == Backend::kCpu ? 1 : choose_num_splits(b, 1, cfg.geometry.topk, num_sms_);
+    sc.num_splits = 1;
+#if SMLA_HAVE_CUDA
+    if (cfg.backend == Backend::kCuda) {
+      SparseMlaParams p;
+      p.num_tokens = b, p.num_heads = cfg.geometry.num_heads, p.topk = cfg.geometry.topk;
+      sc.num_splits = cfg.batch_invariant ? batch_invariant_splits(cfg.geometry.topk)
+                                          : cuda::sparse_mla_auto_splits(p, num_sms_);
+      // Scratch of the bucket's largest run (every T in the bucket uses this split).
+      workspace_bytes_ = std::max(workspace_bytes_, split_workspace_bytes(b, cfg.geometry.num_heads, sc.num_splits));
+    }
+#endif
     schedules_.push_back(sc);
   }
-#if SMLA_HAVE_CUDA
-  if (cfg.backend == Backend::kCuda) {
-    // The launcher's split choice depends on T alone, so the largest scratch any T <= max_rows
-    // needs bounds every run; past one row per SM nothing is split.
-    SparseMlaParams p;
-    p.num_heads = cfg.geometry.num_heads, p.rope_dim = cfg.geometry.rope_dim, p.topk = cfg.geometry.topk;
-    p.format = cfg.geometry.format, p.q_dtype = cfg.geometry.q_dtype;
-    for (int64_t t = 1; t <= std::min<int64_t>(cfg.max_rows, std::max(num_sms_, 1)); ++t) {
-      p.num_tokens = t;
-      workspace_bytes_ = std::max(workspace_bytes_, cuda::sparse_mla_workspace_bytes(p, num_sms_));
-    }
-  }
-#endif
 }
 
 const Schedule& Plan::schedule_for(int64_t num_tokens) const {
@@ -96,7 +96,7 @@ void Plan::run(const SparseMlaParams& p, void* workspace, size_t workspace_bytes
     return;
   }
 #if SMLA_HAVE_CUDA
-  cuda::sparse_mla(p, workspace, workspace_bytes, stream);
+  cuda::sparse_mla(p, workspace, workspace_bytes, stream, schedule_for(p.num_tokens).num_splits);
 #else
   (void)stream;
   fail("this build has no CUDA backend");

@@ -18,6 +18,10 @@ size_t split_workspace_bytes(int64_t num_tokens, int num_heads, int splits) {
   return (bytes + 255) / 256 * 256;
 }
 
+int batch_invariant_splits(int topk) {
+  return std::clamp((std::max(topk, 1) + kBatchInvariantChunk - 1) / kBatchInvariantChunk, 1, kMaxSplits);
+}
+
 int64_t row_bucket(int64_t num_tokens) {
   if (num_tokens <= 0) return 0;
   int64_t b = 1;

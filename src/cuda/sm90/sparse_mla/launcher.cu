@@ -73,17 +73,21 @@ bool aligned(const void* ptr, int64_t bytes) { return reinterpret_cast<uintptr_t
 
 }  // namespace
 
-size_t sparse_mla_workspace_bytes(const SparseMlaParams& p, int num_sms) {
+int sparse_mla_auto_splits(const SparseMlaParams& p, int num_sms) { return num_splits_for(p, num_sms); }
+
+size_t sparse_mla_workspace_bytes(const SparseMlaParams& p, int num_sms, int num_splits) {
   if (p.num_tokens <= 0) return 0;
-  return split_workspace_bytes(p.num_tokens, p.num_heads, num_splits_for(p, num_sms));
+  return split_workspace_bytes(p.num_tokens, p.num_heads, num_splits > 0 ? num_splits : num_splits_for(p, num_sms));
 }
 
-void sparse_mla(const SparseMlaParams& p, void* workspace, size_t workspace_bytes, void* stream) {
+void sparse_mla(const SparseMlaParams& p, void* workspace, size_t workspace_bytes, void* stream, int num_splits) {
   validate(p);
   check_kernel_supports(p);
+  SMLA_CHECK(num_splits >= 0 && num_splits <= kMaxSplits,
+             "num_splits must be in [0, " + std::to_string(kMaxSplits) + "]; got " + std::to_string(num_splits));
   if (p.num_tokens == 0) return;  // empty problem: nothing to launch
 
-  const int splits = num_splits_for(p, current_num_sms());
+  const int splits = num_splits > 0 ? num_splits : num_splits_for(p, current_num_sms());
   const size_t need = split_workspace_bytes(p.num_tokens, p.num_heads, splits);
   SMLA_CHECK(workspace_bytes >= need && (need == 0 || workspace != nullptr),
              "workspace too small: this launch splits the top-k " + std::to_string(splits) + " ways and needs " +
