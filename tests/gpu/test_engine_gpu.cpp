@@ -41,7 +41,10 @@ struct DeviceProblem {
   void* ws = nullptr;
   size_t ws_bytes = 0;
 
-  DeviceProblem(const smla::testing::ProblemSpec& s, uint64_t seed, size_t workspace) : host(smla::testing::make_problem(s, seed)) {
+  DeviceProblem(const smla::testing::ProblemSpec& s, uint64_t seed, size_t workspace)
+      : DeviceProblem(smla::testing::make_problem(s, seed), workspace) {}
+  DeviceProblem(smla::testing::HostProblem hp, size_t workspace) : host(std::move(hp)) {
+    host.bind();
     auto up = [](const auto& v, auto** dst) {
       const size_t bytes = std::max<size_t>(1, v.size() * sizeof(v[0]));
       EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(dst), bytes), cudaSuccess);
@@ -219,6 +222,62 @@ TEST(PlanGpu, BadArgumentsRefusedBeforeLaunch) {
   p = d.params(), p.kv_row_stride_bytes = 1000, expect_refused(p, d.ws_bytes, "kv row stride");
   CUDA_OK(cudaDeviceSynchronize());
   EXPECT_EQ(d.out_bytes(), poisoned);
+}
+
+// The rows `rows` of a host problem as a problem of their own (same pool, same selections).
+smla::testing::HostProblem sub_problem(const smla::testing::HostProblem& full, const std::vector<int64_t>& rows) {
+  smla::testing::HostProblem hp = full;
+  const auto& s = full.spec;
+  const int64_t T = int64_t(rows.size());
+  const size_t q_row = full.q.size() / size_t(s.num_tokens), o_row = full.out.size() / size_t(s.num_tokens);
+  const size_t K = size_t(s.topk), H = size_t(s.num_heads);
+  hp.spec.num_tokens = T;
+  hp.q.assign(size_t(T) * q_row, 0), hp.out.assign(size_t(T) * o_row, 0xff);
+  hp.idx.assign(size_t(T) * K, -1), hp.counts.assign(size_t(T), 0), hp.lse.assign(size_t(T) * H, NAN);
+  for (int64_t i = 0; i < T; ++i) {
+    const size_t r = size_t(rows[size_t(i)]);
+    std::memcpy(hp.q.data() + size_t(i) * q_row, full.q.data() + r * q_row, q_row);
+    std::memcpy(hp.idx.data() + size_t(i) * K, full.idx.data() + r * K, K * 4);
+    hp.counts[size_t(i)] = full.counts[r];
+  }
+  hp.bind();
+  return hp;
+}
+
+TEST(PlanGpu, BatchInvariantRowsDoNotDependOnTheBatch) {
+  SKIP_WITHOUT_GPU();
+  auto s = mixed_batch();
+  s.num_tokens = 200, s.topk = 2048, s.num_heads = 128, s.num_rows = 50000;
+  auto cfg = cuda_config(s, 256);
+  cfg.batch_invariant = true;
+  cfg.graph_sizes.clear();
+  const Plan plan(cfg);
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  const auto full_host = smla::testing::make_problem(s, seed);
+  DeviceProblem full(full_host, plan.workspace_bytes());
+  plan.run(full.params(), full.ws, full.ws_bytes, nullptr);
+  CUDA_OK(cudaDeviceSynchronize());
+  const auto full_out = full.out_bytes();
+  const auto full_lse = full.lse_values();
+  const size_t o_row = full_out.size() / size_t(s.num_tokens);
+  // The same rows alone, and inside smaller batches, at other positions.
+  for (const std::vector<int64_t>& rows : {std::vector<int64_t>{7}, std::vector<int64_t>{0}, std::vector<int64_t>{199},
+                                           std::vector<int64_t>{150, 7, 3, 0, 42, 199, 8, 9, 10, 11, 12, 13}}) {
+    DeviceProblem sub(sub_problem(full_host, rows), plan.workspace_bytes());
+    plan.run(sub.params(), sub.ws, sub.ws_bytes, nullptr);
+    CUDA_OK(cudaDeviceSynchronize());
+    const auto out = sub.out_bytes();
+    const auto lse = sub.lse_values();
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const size_t r = size_t(rows[i]);
+      EXPECT_EQ(0, std::memcmp(out.data() + i * o_row, full_out.data() + r * o_row, o_row))
+          << "row " << r << " in a batch of " << rows.size() << " differs from the same row in a batch of 200";
+      EXPECT_EQ(0, std::memcmp(lse.data() + i * size_t(s.num_heads), full_lse.data() + r * size_t(s.num_heads),
+                               size_t(s.num_heads) * 4))
+          << "LSE of row " << r;
+    }
+  }
 }
 
 TEST(PlanGpu, EightThreadsShareOnePlan) {
