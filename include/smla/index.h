@@ -26,6 +26,12 @@ struct IndexConvertParams {
   int32_t* phys = nullptr;  // [T, K] out: valid rows compacted to the front, -1 after
   int64_t phys_stride_t = 0;
   int32_t* counts = nullptr;  // nullable: [T] out, number of valid entries per row
+  // Prefill-workspace remap (nullable, both or neither): when the engine has gathered each
+  // request's KV into one contiguous workspace, a position maps to row
+  // prefill_row_start[req] + (local) pos, valid iff pos < prefill_req_len[req]; the block table
+  // is not read.
+  const int32_t* prefill_row_start = nullptr;  // [R]
+  const int32_t* prefill_req_len = nullptr;    // [R]
   // Context parallelism (DESIGN.md §5): keep only positions owned by dcp_rank.
   int dcp_world = 1;       // W (1: no filter)
   int dcp_rank = 0;
@@ -50,6 +56,22 @@ SMLA_HD int32_t logical_to_physical(int32_t pos, const int32_t* table_row, int m
   if (b < 0) return -1;
   const int64_t r = int64_t(b) * block_stride_rows + local % block_size;
   return r > INT32_MAX ? -1 : int32_t(r);
+}
+
+// Workspace row of one request-local position under the prefill remap, or -1 when the position
+// is negative, not owned by this rank, or at or past the request's length.
+// Example: start 1000, length 50: pos 7 -> 1007, pos 50 -> -1.
+SMLA_HD int32_t logical_to_workspace_row(int32_t pos, int32_t row_start, int32_t req_len, int world, int rank,
+                                         int interleave) {
+  if (pos < 0) return -1;
+  int64_t local = pos;
+  if (world > 1) {
+    if ((pos / interleave) % world != rank) return -1;
+    local = int64_t(pos / (int64_t(world) * interleave)) * interleave + pos % interleave;
+  }
+  if (local >= req_len) return -1;
+  const int64_t r = int64_t(row_start) + local;
+  return (r < 0 || r > INT32_MAX) ? -1 : int32_t(r);
 }
 
 // CPU reference of the conversion kernel. Validates (throws Error), then converts every row.

@@ -15,10 +15,12 @@ void validate(const IndexConvertParams& p) {
   SMLA_CHECK(p.dcp_world >= 1 && p.dcp_rank >= 0 && p.dcp_rank < p.dcp_world,
              "dcp_rank must be in [0, dcp_world)");
   SMLA_CHECK(p.dcp_interleave >= 1, "dcp_interleave must be >= 1");
+  SMLA_CHECK((p.prefill_row_start == nullptr) == (p.prefill_req_len == nullptr),
+             "prefill_row_start and prefill_req_len go together: give both [R] arrays or neither");
   if (p.num_tokens == 0) return;
   SMLA_CHECK(p.positions && p.phys, "positions and phys must not be null");
   SMLA_CHECK(p.pos_stride_t >= p.topk && p.phys_stride_t >= p.topk, "row strides must be >= K");
-  SMLA_CHECK(p.num_reqs == 0 || p.max_blocks == 0 || (p.block_table && p.bt_stride >= p.max_blocks),
+  SMLA_CHECK(p.prefill_row_start || p.num_reqs == 0 || p.max_blocks == 0 || (p.block_table && p.bt_stride >= p.max_blocks),
              "block_table must be int32 [R, max_blocks] with row stride >= max_blocks");
 }
 
@@ -26,13 +28,17 @@ void convert_indices_reference(const IndexConvertParams& p) {
   validate(p);
   for (int64_t t = 0; t < p.num_tokens; ++t) {
     const int64_t req = p.req_of_token ? p.req_of_token[t] : t;
-    const bool req_ok = req >= 0 && req < p.num_reqs && p.max_blocks > 0;
+    const bool remap = p.prefill_row_start != nullptr;
+    const bool req_ok = req >= 0 && req < p.num_reqs && (remap || p.max_blocks > 0);
     int n = 0;
     for (int j = 0; j < p.topk; ++j) {
       if (!req_ok) break;
-      const int32_t r = logical_to_physical(p.positions[t * p.pos_stride_t + j], p.block_table + req * p.bt_stride,
-                                            p.max_blocks, p.block_size, p.block_stride_rows, p.dcp_world,
-                                            p.dcp_rank, p.dcp_interleave);
+      const int32_t pos = p.positions[t * p.pos_stride_t + j];
+      const int32_t r =
+          remap ? logical_to_workspace_row(pos, p.prefill_row_start[req], p.prefill_req_len[req], p.dcp_world,
+                                           p.dcp_rank, p.dcp_interleave)
+                : logical_to_physical(pos, p.block_table + req * p.bt_stride, p.max_blocks, p.block_size,
+                                      p.block_stride_rows, p.dcp_world, p.dcp_rank, p.dcp_interleave);
       if (r >= 0) p.phys[t * p.phys_stride_t + n++] = r;
     }
     for (int j = n; j < p.topk; ++j) p.phys[t * p.phys_stride_t + j] = -1;

@@ -125,11 +125,11 @@ INSTANTIATE_TEST_SUITE_P(
                                          KvFormat::kNvFP4DsMla),
                        ::testing::Values(64, 0), ::testing::Values(DType::kBF16, DType::kFP16)));
 
-class ConvertIndices : public ::testing::TestWithParam<std::tuple<int, int, int>> {};
+class ConvertIndices : public ::testing::TestWithParam<std::tuple<int, int, int, bool>> {};
 
 TEST_P(ConvertIndices, EqualsReference) {
   SKIP_WITHOUT_GPU();
-  const auto [K, world, interleave] = GetParam();
+  const auto [K, world, interleave, remap] = GetParam();
   const uint64_t seed = fresh_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   std::mt19937_64 rng(seed);
@@ -143,7 +143,14 @@ TEST_P(ConvertIndices, EqualsReference) {
     p = kind == 0 ? -1 : kind == 1 ? int32_t(max_blocks * B * world + int(rng() % 100)) : int32_t(rng() % uint64_t(max_blocks * B * world));
   }
   std::vector<int32_t> phys(size_t(T * K), 12345), counts(static_cast<size_t>(T), 777);
+  std::vector<int32_t> ws_start(static_cast<size_t>(R)), ws_len(static_cast<size_t>(R));
+  for (int r = 0, acc = 0; r < R; ++r) {
+    ws_len[size_t(r)] = int32_t(rng() % uint64_t(max_blocks * B));
+    ws_start[size_t(r)] = acc;
+    acc += ws_len[size_t(r)];
+  }
   DeviceBuffer<int32_t> d_table(table), d_req(req), d_pos(pos), d_phys(phys), d_counts(counts);
+  DeviceBuffer<int32_t> d_start(ws_start), d_len(ws_len);
   for (int rank = 0; rank < world; ++rank) {
     IndexConvertParams p;
     p.pos_stride_t = K, p.num_tokens = T, p.topk = K, p.bt_stride = max_blocks, p.num_reqs = R;
@@ -152,10 +159,12 @@ TEST_P(ConvertIndices, EqualsReference) {
     IndexConvertParams dp = p;
     dp.positions = d_pos.ptr, dp.req_of_token = d_req.ptr, dp.block_table = d_table.ptr;
     dp.phys = d_phys.ptr, dp.counts = d_counts.ptr;
+    if (remap) dp.prefill_row_start = d_start.ptr, dp.prefill_req_len = d_len.ptr;
     cuda::convert_indices(dp, nullptr);
     CUDA_OK(cudaDeviceSynchronize());
     p.positions = pos.data(), p.req_of_token = req.data(), p.block_table = table.data();
     p.phys = phys.data(), p.counts = counts.data();
+    if (remap) p.prefill_row_start = ws_start.data(), p.prefill_req_len = ws_len.data();
     convert_indices_reference(p);
     EXPECT_EQ(d_phys.to_host(), phys) << "rank " << rank;
     EXPECT_EQ(d_counts.to_host(), counts) << "rank " << rank;
@@ -163,9 +172,10 @@ TEST_P(ConvertIndices, EqualsReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, ConvertIndices,
-                         ::testing::Values(std::make_tuple(1, 1, 1), std::make_tuple(77, 1, 1),
-                                           std::make_tuple(300, 2, 64), std::make_tuple(2048, 1, 1),
-                                           std::make_tuple(2048, 4, 1), std::make_tuple(513, 8, 64)));
+                         ::testing::Values(std::make_tuple(1, 1, 1, false), std::make_tuple(77, 1, 1, false),
+                                           std::make_tuple(300, 2, 64, false), std::make_tuple(2048, 1, 1, false),
+                                           std::make_tuple(2048, 4, 1, false), std::make_tuple(513, 8, 64, false),
+                                           std::make_tuple(300, 1, 1, true), std::make_tuple(2048, 2, 64, true)));
 
 TEST(FinishEmptyRows, OnlyEmptyRowsTouched) {
   SKIP_WITHOUT_GPU();

@@ -17,18 +17,22 @@ __global__ void __launch_bounds__(kThreads) convert_indices_kernel(IndexConvertP
   __shared__ typename Scan::TempStorage scan_storage;
   const int64_t t = blockIdx.x;
   const int64_t req = p.req_of_token ? p.req_of_token[t] : t;
-  const bool req_ok = req >= 0 && req < p.num_reqs && p.max_blocks > 0;
+  const bool remap = p.prefill_row_start != nullptr;
+  const bool req_ok = req >= 0 && req < p.num_reqs && (remap || p.max_blocks > 0);
   const int32_t* pos_row = p.positions + t * p.pos_stride_t;
   int32_t* out_row = p.phys + t * p.phys_stride_t;
-  const int32_t* table_row = req_ok ? p.block_table + req * p.bt_stride : nullptr;
+  const int32_t* table_row = req_ok && !remap ? p.block_table + req * p.bt_stride : nullptr;
+  const int32_t row_start = req_ok && remap ? p.prefill_row_start[req] : 0;
+  const int32_t req_len = req_ok && remap ? p.prefill_req_len[req] : 0;
   int n = 0;  // valid entries written so far (uniform across the block)
   if (req_ok) {
     for (int base = 0; base < p.topk; base += kThreads) {
       const int j = base + int(threadIdx.x);
       int32_t r = -1;
       if (j < p.topk)
-        r = logical_to_physical(pos_row[j], table_row, p.max_blocks, p.block_size, p.block_stride_rows, p.dcp_world,
-                                p.dcp_rank, p.dcp_interleave);
+        r = remap ? logical_to_workspace_row(pos_row[j], row_start, req_len, p.dcp_world, p.dcp_rank, p.dcp_interleave)
+                  : logical_to_physical(pos_row[j], table_row, p.max_blocks, p.block_size, p.block_stride_rows,
+                                        p.dcp_world, p.dcp_rank, p.dcp_interleave);
       int offset, total;
       Scan(scan_storage).ExclusiveSum(r >= 0 ? 1 : 0, offset, total);
       if (r >= 0) out_row[n + offset] = r;
