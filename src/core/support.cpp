@@ -31,18 +31,20 @@ Support support_cuda(const Geometry& g, const DeviceInfo& dev, bool built_with_c
     return {"smla's CUDA kernels are built for SM90 (H100/H200); found sm_" + std::to_string(dev.cc_major) +
             std::to_string(dev.cc_minor) + " (" + dev.name + "); use the CPU backend"};
   if (auto s = support_common(g); !s.ok()) return s;
-  if (g.format != KvFormat::kBF16 && g.format != KvFormat::kFP16)
-    return {"the " + std::string(to_string(g.format)) +
-            " cache has no SM90 kernel yet; use the CPU backend or a bf16/fp16 cache"};
+  const bool quantized = g.format != KvFormat::kBF16 && g.format != KvFormat::kFP16;
+  if (quantized && g.q_dtype == DType::kFP16)
+    return {"the SM90 kernel reads the " + std::string(to_string(g.format)) +
+            " cache with a bf16 q (or e4m3 for fp8_e4m3), not fp16; cast q to bf16 or use the CPU backend"};
   if (g.num_heads > kMaxNativeHeads)
     return {"H = " + std::to_string(g.num_heads) +
             " exceeds the 128 heads one call handles; call once per group of <= 128 heads"};
   return {};
 }
 
+// "sm90/sparse_mla/<format>_d<D>": bf16 / fp16 rows as stored; the quantized formats dequantized
+// to bf16 in shared memory (mma.sync kernel for every head tile).
 std::string cuda_kernel_name(const Geometry& g) {
-  if (g.format != KvFormat::kBF16 && g.format != KvFormat::kFP16) return "";
-  return std::string("sm90/sparse_mla/") + (g.format == KvFormat::kBF16 ? "bf16" : "fp16") + "_d" +
+  return std::string("sm90/sparse_mla/") + std::string(to_string(g.format)) + "_d" +
          std::to_string(kLatentDim + g.rope_dim);
 }
 

@@ -1,5 +1,5 @@
-// SM90 sparse MLA for 16-bit (bf16 / fp16) KV caches: the kernel's params struct, its
-// compile-time constants and its shared-memory plan. No CUDA headers: the shared-memory
+// SM90 sparse MLA (bf16 / fp16 caches, and the quantized formats dequantized to bf16 in shared
+// memory): the kernel's params struct, its compile-time constants and its shared-memory plan. No CUDA headers: the shared-memory
 // static_asserts hold for any compiler that includes it (host tests may too).
 #pragma once
 
@@ -7,6 +7,11 @@
 #include <cstdint>
 
 namespace smla::cuda::sm90::sparse_mla {
+
+// How the kernel reads a cache row (DESIGN.md §3). kNative16: bf16 / fp16 rows are gathered
+// into shared memory as they are. The others: the raw row is gathered into the tail of its
+// 1152-byte bf16 slot and dequantized to bf16 in place before the tile is used (dequant.h).
+enum class RowFormat { kNative16, kFp8E4M3, kFp8DsMla, kNvFp4DsMla };
 
 // What the launcher hands the kernel: validated, strides in elements, scales pre-multiplied.
 struct KernelParams {
@@ -17,14 +22,17 @@ struct KernelParams {
                        // and share its gathered rows in L2
   int num_splits;      // blocks per token along the top-k (1: no split, no workspace)
   int topk;            // K, capacity of idx rows
-  int row_chunks;      // 16-byte chunks of one KV row: 72 (D = 576) or 64 (D = 512)
+  int row_chunks;      // 16-byte chunks of one bf16 / fp16 smem row: 72 (D = 576) or 64 (D = 512)
+  int raw_chunks;      // 16-byte chunks gathered per stored row (raw_row_chunks; = row_chunks for 16-bit)
+  int raw_offset;      // byte offset of the raw row in its smem slot (quantized: kRowBytesMax - 16 raw_chunks)
   int k_steps;         // 16-wide steps of the QK^T reduction: D / 16 (36 or 32)
 
   const void* q;       // [T, H, D] 16-bit, or [T, H, 512] when q_rope is set; strides q_stride_*
   int64_t q_stride_t, q_stride_h;
   const void* q_rope;  // nullable: [T, H, 64] 16-bit; strides q_rope_stride_*
   int64_t q_rope_stride_t, q_rope_stride_h;
-  bool q_vec16;        // q / q_rope pointers and strides allow 16-byte loads
+  bool q_vec16;        // q / q_rope pointers and strides allow 16-byte loads (8-byte for an e4m3 q)
+  bool q_e4m3;         // q / q_rope hold e4m3 (fp8_e4m3 cache only): widened to bf16 exactly on load
 
   const uint8_t* kv;   // row r at kv + r * kv_row_stride_bytes (16-byte aligned); nullable if num_rows == 0
   int64_t kv_row_stride_bytes;
@@ -36,7 +44,8 @@ struct KernelParams {
   const int32_t* counts;  // nullable: [T]
   const float* sink;      // nullable: [H]
 
-  float scale_log2;  // softmax_scale * q_scale * log2(e): scores are kept in the log2 domain
+  float scale_log2;  // softmax_scale * q_scale (* k_scale for fp8_e4m3) * log2(e): scores in the log2 domain
+  float out_scale;   // multiplies the output: k_scale for fp8_e4m3 (V kept as exact e4m3), else 1
 
   void* out;  // [T, H, 512] 16-bit (same type as q), strides out_stride_*
   int64_t out_stride_t, out_stride_h;
@@ -117,8 +126,22 @@ static_assert(offsetof(WgmmaConfig::SharedStorage, kv) % 1024 == 0 &&
 static_assert(Config<1>::kSmemBytes <= kSmemLimit, "head tile 16: shared memory over 227 KiB");
 static_assert(Config<2>::kSmemBytes <= kSmemLimit, "head tile 32: shared memory over 227 KiB");
 static_assert(Config<4>::kSmemBytes <= kSmemLimit, "head tile 64: shared memory over 227 KiB");
+static_assert(656 <= kRowBytesMax && 656 / 16 <= 64, "a raw row fits its slot and two chunks per lane");
 static_assert(kL2PrefetchTiles == 2, "the kernels rotate row ids through three registers");
 static_assert(kBlockK == kWarpsPerMTile * 16, "each warp scores two 8-wide MMA column tiles");
+
+// 16-byte chunks of a stored row that the kernel gathers. A ds_mla row with rope_dim = 0 keeps its
+// size; fp8_ds_mla then stops after the scales (RoPE is its last 128 bytes), nvfp4_ds_mla reads
+// all 352 bytes (its RoPE sits between the values and the scales).
+inline int raw_row_chunks(RowFormat f, int rope_dim) {
+  switch (f) {
+    case RowFormat::kNative16: return (kLatent + rope_dim) * 2 / 16;
+    case RowFormat::kFp8E4M3: return (kLatent + rope_dim) / 16;
+    case RowFormat::kFp8DsMla: return rope_dim > 0 ? 656 / 16 : 528 / 16;
+    case RowFormat::kNvFp4DsMla: return 352 / 16;
+  }
+  return 0;
+}
 
 // Head tile (rows of one block) for H heads: 16, 32 or 64; H > 64 uses groups of 64.
 inline int head_tile_for(int num_heads) { return num_heads <= 16 ? 16 : num_heads <= 32 ? 32 : 64; }

@@ -1,9 +1,15 @@
-// SM90 sparse MLA, 16-bit caches: one block per (token, head group, top-k split).
+// SM90 sparse MLA: one block per (token, head group, top-k split).
 //
 // A block owns kHeadTile heads of one token and walks that token's selected rows in tiles of
 // kBlockK = 64 entries. Each tile is gathered whole (1152-byte rows, 16-byte cp.async) into one
 // of two shared-memory stages while the other is computed, so every KV row crosses the memory
 // bus once per head group (once per token for H <= 64).
+//
+// Quantized caches (kRow != kNative16) use the same pipeline with bf16 MMAs: each raw row
+// (656 / 576 / 512 / 352 bytes) is gathered into the tail of its 1152-byte slot, and when its
+// tile has landed the warp that gathered it rewrites the slot as the swizzled bf16 row (all raw
+// bytes a lane needs are read into registers before any lane writes). An e4m3 q is widened to
+// bf16 on load; fp8_e4m3's k_scale multiplies the score and output scales instead of the values.
 //
 // Warp roles, 4 warps per 16-head MMA tile (mw = warp / 4, wq = warp % 4):
 //   scores  S(16 x 64) = Q(16 x D) K^T: warp wq computes columns [16 wq, 16 wq + 16);
@@ -20,6 +26,8 @@
 
 #include "cuda/common/ptx.cuh"
 #include "cuda/sm90/sparse_mla/config.h"
+#include "cuda/sm90/sparse_mla/dequant.h"
+#include "cuda/sm90/sparse_mla/launcher.h"
 #include "smla/state.h"
 
 namespace smla::cuda::sm90::sparse_mla {
@@ -33,10 +41,11 @@ inline constexpr float kLn2 = 0.6931471805599453f;
 // share r & 7 are per-lane constants plus multiples of 128 bytes (precomputed below).
 __device__ __forceinline__ int swizzle(int r, int ch) { return ch ^ (r & 7); }
 
-template <typename Elem, int kMTiles>
+template <typename Elem, int kMTiles, RowFormat kRow>
 __global__ void __launch_bounds__(Config<kMTiles>::kThreads, 1)
     sparse_mla_kernel(const __grid_constant__ KernelParams p) {
   using Cfg = Config<kMTiles>;
+  constexpr bool kQuant = kRow != RowFormat::kNative16;
   using Smem = typename Cfg::SharedStorage;
   extern __shared__ __align__(128) uint8_t smem_raw[];
   Smem& s = *reinterpret_cast<Smem*>(smem_raw);
@@ -86,7 +95,13 @@ __global__ void __launch_bounds__(Config<kMTiles>::kThreads, 1)
       // Lane l copies chunks l, l + 32 and (D = 576) l + 64; swizzled, they land 512 B apart.
       const uint32_t dst = stage_base + uint32_t(r * kRowBytesMax + swizzle(r, lane) * 16);
       const bool third = lane + 64 < p.row_chunks;
-      if (row >= 0) {
+      if (kQuant && row >= 0) {
+        // Raw row, unswizzled, at the end of the slot (raw_chunks <= 41: two chunks per lane).
+        const uint8_t* src = p.kv + int64_t(row) * p.kv_row_stride_bytes + lane * 16;
+        const uint32_t raw = stage_base + uint32_t(r * kRowBytesMax + p.raw_offset + lane * 16);
+        if (lane < p.raw_chunks) ptx::cp_async_16(raw, src);
+        if (lane + 32 < p.raw_chunks) ptx::cp_async_16(raw + 512, src + 512);
+      } else if (row >= 0) {
         const uint8_t* src = p.kv + int64_t(row) * p.kv_row_stride_bytes + lane * 16;
         ptx::cp_async_16(dst, src);
         ptx::cp_async_16(dst + 512, src + 512);
@@ -105,7 +120,47 @@ __global__ void __launch_bounds__(Config<kMTiles>::kThreads, 1)
   int ids_a = -1, ids_b = -1, ids_c = -1;
   auto prefetch = [&](int row_ids) {
     if (p.l2_prefetch && row_ids >= 0)
-      ptx::prefetch_l2_bulk(p.kv + int64_t(row_ids) * p.kv_row_stride_bytes, uint32_t(p.row_chunks * 16));
+      ptx::prefetch_l2_bulk(p.kv + int64_t(row_ids) * p.kv_row_stride_bytes, uint32_t(p.raw_chunks * 16));
+  };
+
+  // Quantized caches: rewrites this warp's gathered rows of `stage` as bf16 rows, in place, in
+  // passes of 32 chunks (512 bytes): lane l produces chunk 32 j + l of pass j. Each pass reads all
+  // its raw bytes (into registers) before any lane writes, and its writes [512 j, 512 j + 512)
+  // never cover raw bytes of a later pass: the raw row ends at the slot end, so pass 1 reads only
+  // above byte 512 and pass 2 (RoPE) only above 1024 (emulated on the host by test_sparse_mla_quant).
+  // kDqRows rows go through a pass together, for loads in flight; masked rows were zero-filled by
+  // the gather and are only skipped at the store.
+  auto dequant_stage = [&](int stage) {
+    if constexpr (kQuant) {
+      constexpr int kDqRows = kMTiles == 4 ? 1 : 4;
+      static_assert(kRowsPerWarp % kDqRows == 0, "rows per warp split into dequant batches");
+      __syncwarp();  // the raw bytes every lane of this warp copied are visible to the warp
+      uint8_t* stage_ptr = reinterpret_cast<uint8_t*>(s.kv[stage]);
+#pragma unroll 1
+      for (int i0 = 0; i0 < kRowsPerWarp; i0 += kDqRows) {
+#pragma unroll(kMTiles == 4 ? 1 : 3)
+        for (int j = 0; j < 3; ++j) {
+          const int ch = 32 * j + lane;
+          if (j == 2 && p.row_chunks <= 64) break;  // D = 512: two passes (warp-uniform)
+          const bool mine = ch < p.row_chunks;
+          dq::Chunk c[kDqRows];
+#pragma unroll
+          for (int b = 0; b < kDqRows; ++b) {
+            const int r = warp + Cfg::kWarps * (i0 + b);
+            if (mine) c[b] = dq::dequant_chunk<kRow>(stage_ptr + r * kRowBytesMax + p.raw_offset, ch);
+          }
+          __syncwarp();  // every lane holds this pass's values before any lane overwrites raw bytes
+#pragma unroll
+          for (int b = 0; b < kDqRows; ++b) {
+            const int r = warp + Cfg::kWarps * (i0 + b);
+            if (mine && s.col_bias[stage][r] == 0.0f)
+              *reinterpret_cast<uint4*>(stage_ptr + r * kRowBytesMax + 512 * j + swizzle(r, lane) * 16) =
+                  make_uint4(c[b].w[0], c[b].w[1], c[b].w[2], c[b].w[3]);
+          }
+          __syncwarp();  // the next pass reads after these writes in every lane
+        }
+      }
+    }
   };
   if (num_tiles > 0) {
     // ---- Q (kHeadTile, D) -> smem, heads past H zero; with 16-byte-aligned q it rides in the
@@ -118,6 +173,26 @@ __global__ void __launch_bounds__(Config<kMTiles>::kThreads, 1)
       if (h >= p.num_heads) {
         ptx::st_shared_zero16(dst);
         continue;
+      }
+      if constexpr (kRow == RowFormat::kFp8E4M3) {
+        if (p.q_e4m3) {  // e4m3 -> bf16 exactly; q_scale is in scale_log2
+          const uint8_t* src = (ch < kLatent / 8 || p.q_rope == nullptr)
+                                   ? static_cast<const uint8_t*>(p.q) + t * p.q_stride_t + h * p.q_stride_h + ch * 8
+                                   : static_cast<const uint8_t*>(p.q_rope) + t * p.q_rope_stride_t +
+                                         h * p.q_rope_stride_h + (ch - kLatent / 8) * 8;
+          uint32_t lo, hi;
+          if (p.q_vec16) {
+            const uint2 v = *reinterpret_cast<const uint2*>(src);
+            lo = v.x, hi = v.y;
+          } else {
+            lo = src[0] | uint32_t(src[1]) << 8 | uint32_t(src[2]) << 16 | uint32_t(src[3]) << 24;
+            hi = src[4] | uint32_t(src[5]) << 8 | uint32_t(src[6]) << 16 | uint32_t(src[7]) << 24;
+          }
+          const dq::Chunk c = dq::e4m3x8(lo, hi);
+          *reinterpret_cast<uint4*>(reinterpret_cast<uint8_t*>(s.q) + hr * kRowBytesMax + swizzle(hr, ch) * 16) =
+              make_uint4(c.w[0], c.w[1], c.w[2], c.w[3]);
+          continue;
+        }
       }
       const uint16_t* src = (ch < kLatent / 8 || p.q_rope == nullptr)
                                 ? static_cast<const uint16_t*>(p.q) + t * p.q_stride_t + h * p.q_stride_h + ch * 8
@@ -173,6 +248,7 @@ __global__ void __launch_bounds__(Config<kMTiles>::kThreads, 1)
   for (int tile = 0; tile < num_tiles; ++tile) {
     const int stage = tile & 1;
     ptx::cp_async_wait<kStages - 1>();
+    dequant_stage(stage);
     __syncthreads();  // (A) this tile's rows, Q and col_bias are visible to every warp
     const uint32_t kv_base = ptx::smem_addr(s.kv[stage]);
 
@@ -297,7 +373,8 @@ __global__ void __launch_bounds__(Config<kMTiles>::kThreads, 1)
     if (p.num_splits == 1) {
       float denom = l;
       if (p.sink != nullptr && l > 0.0f) denom += exp2f(p.sink[h] * kLog2e - m);
-      const float inv = l > 0.0f ? 1.0f / denom : 0.0f;  // empty row: exactly 0
+      float inv = l > 0.0f ? 1.0f / denom : 0.0f;  // empty row: exactly 0
+      if constexpr (kQuant) inv *= p.out_scale;
       auto* out = static_cast<uint16_t*>(p.out) + t * p.out_stride_t + int64_t(h) * p.out_stride_h + d0;
 #pragma unroll
       for (int j = 0; j < kOutColsPerWarp / 8; ++j) {
@@ -313,7 +390,8 @@ __global__ void __launch_bounds__(Config<kMTiles>::kThreads, 1)
         p.lse[t * p.lse_stride_t + h] = p.lse_base2 ? lse_e * kLog2e : lse_e;
     } else {
       const int64_t part = (t * p.num_heads + h) * p.num_splits + split;
-      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+      float inv = l > 0.0f ? 1.0f / l : 0.0f;
+      if constexpr (kQuant) inv *= p.out_scale;
       float* po = p.part_out + part * kLatent + d0;
 #pragma unroll
       for (int j = 0; j < kOutColsPerWarp / 8; ++j)
@@ -359,10 +437,10 @@ __global__ void __launch_bounds__(128) combine_kernel(const __grid_constant__ Ke
 }
 
 // ---- launchers (instantiated once each in the .cu files of this folder).
-template <typename Elem, int kMTiles>
+template <typename Elem, int kMTiles, RowFormat kRow>
 void launch_main(const KernelParams& p, cudaStream_t stream) {
   using Cfg = Config<kMTiles>;
-  auto* kernel = sparse_mla_kernel<Elem, kMTiles>;
+  auto* kernel = sparse_mla_kernel<Elem, kMTiles, kRow>;
   // Raise the dynamic shared-memory limit once per device (a per-launch call costs host time).
   static std::atomic<uint64_t> attribute_set{0};
   int dev = 0;

@@ -1,5 +1,5 @@
-// Host entry of the SM90 16-bit sparse MLA: checks, schedule (head groups, top-k splits),
-// KernelParams, and the one compile-time dispatch (element type x head tile).
+// Host entry of the SM90 sparse MLA: checks, schedule (head groups, top-k splits), KernelParams,
+// and the one compile-time dispatch (cache format x element type x head tile).
 #include <cuda_runtime.h>
 
 #include <cstdlib>
@@ -17,9 +17,9 @@ namespace k = sm90::sparse_mla;
 
 // What this kernel adds to validate(): the parts of the general contract it does not cover.
 void check_kernel_supports(const SparseMlaParams& p) {
-  SMLA_CHECK(p.format == KvFormat::kBF16 || p.format == KvFormat::kFP16,
-             "the SM90 kernel reads bf16 / fp16 caches; got " + std::string(to_string(p.format)) +
-                 ": use the CPU backend for this format");
+  SMLA_CHECK(!format_is_quantized(p.format) || p.q_dtype != DType::kFP16,
+             "the SM90 kernel reads a " + std::string(to_string(p.format)) +
+                 " cache with a bf16 q (or e4m3 for fp8_e4m3); got an fp16 q: cast q to bf16 or use the CPU backend");
   SMLA_CHECK(p.num_heads <= kMaxNativeHeads, "H = " + std::to_string(p.num_heads) +
                                                  " exceeds 128 heads per call; call once per group of <= 128 heads");
   SMLA_CHECK(p.out_dtype != DType::kFP32,
@@ -30,9 +30,10 @@ void check_kernel_supports(const SparseMlaParams& p) {
   SMLA_CHECK(p.num_rows == 0 || (reinterpret_cast<uintptr_t>(p.kv) % 16 == 0 && p.kv_row_stride_bytes % 16 == 0),
              "kv must be 16-byte aligned with a row stride that is a multiple of 16 bytes (got stride " +
                  std::to_string(p.kv_row_stride_bytes) + ")");
-  SMLA_CHECK(reinterpret_cast<uintptr_t>(p.q) % 2 == 0 && reinterpret_cast<uintptr_t>(p.out) % 2 == 0 &&
-                 reinterpret_cast<uintptr_t>(p.q_rope) % 2 == 0,
-             "q, q_rope and out must be aligned to their 2-byte elements");
+  const uintptr_t q_align = p.q_dtype == DType::kE4M3 ? 1 : 2;
+  SMLA_CHECK(reinterpret_cast<uintptr_t>(p.q) % q_align == 0 && reinterpret_cast<uintptr_t>(p.out) % 2 == 0 &&
+                 reinterpret_cast<uintptr_t>(p.q_rope) % q_align == 0,
+             "q, q_rope and out must be aligned to their elements");
   SMLA_CHECK(reinterpret_cast<uintptr_t>(p.idx) % 4 == 0 && reinterpret_cast<uintptr_t>(p.counts) % 4 == 0 &&
                  reinterpret_cast<uintptr_t>(p.lse) % 4 == 0 && reinterpret_cast<uintptr_t>(p.sink) % 4 == 0,
              "idx, counts, lse and sink must be 4-byte aligned");
@@ -71,6 +72,23 @@ bool use_l2_prefetch() {
 
 bool aligned(const void* ptr, int64_t bytes) { return reinterpret_cast<uintptr_t>(ptr) % uint64_t(bytes) == 0; }
 
+k::RowFormat row_format_of(KvFormat f) {
+  switch (f) {
+    case KvFormat::kFP8E4M3: return k::RowFormat::kFp8E4M3;
+    case KvFormat::kFP8DsMla: return k::RowFormat::kFp8DsMla;
+    case KvFormat::kNvFP4DsMla: return k::RowFormat::kNvFp4DsMla;
+    default: return k::RowFormat::kNative16;
+  }
+}
+
+// Quantized caches: bf16 MMAs on the mma.sync kernel for every head tile.
+template <k::RowFormat kRow>
+void launch_quantized(int tile, const k::KernelParams& kp, cudaStream_t s) {
+  if (tile == 16) k::launch_main<ptx::Bf16, 1, kRow>(kp, s);
+  else if (tile == 32) k::launch_main<ptx::Bf16, 2, kRow>(kp, s);
+  else k::launch_main<ptx::Bf16, 4, kRow>(kp, s);
+}
+
 }  // namespace
 
 int sparse_mla_auto_splits(const SparseMlaParams& p, int num_sms) { return num_splits_for(p, num_sms); }
@@ -100,15 +118,20 @@ void sparse_mla(const SparseMlaParams& p, void* workspace, size_t workspace_byte
   kp.head_groups = k::head_groups_for(p.num_heads);
   kp.num_splits = splits;
   kp.topk = p.topk;
-  kp.row_chunks = row_bytes(p.format, p.rope_dim) / 16;
+  const k::RowFormat row_format = row_format_of(p.format);
+  kp.row_chunks = p.head_dim() * 2 / 16;
+  kp.raw_chunks = k::raw_row_chunks(row_format, p.rope_dim);
+  kp.raw_offset = row_format == k::RowFormat::kNative16 ? 0 : k::kRowBytesMax - 16 * kp.raw_chunks;
   kp.k_steps = p.head_dim() / 16;
   kp.q = p.q;
   kp.q_stride_t = p.q_stride_t, kp.q_stride_h = p.q_stride_h;
   kp.q_rope = p.q_rope;
   kp.q_rope_stride_t = p.q_rope_stride_t, kp.q_rope_stride_h = p.q_rope_stride_h;
-  kp.q_vec16 = aligned(p.q, 16) && p.q_stride_t % 8 == 0 && p.q_stride_h % 8 == 0 &&
+  kp.q_e4m3 = p.q_dtype == DType::kE4M3;
+  const int64_t q_vec_bytes = kp.q_e4m3 ? 8 : 16;  // 8 elements of q per load
+  kp.q_vec16 = aligned(p.q, q_vec_bytes) && p.q_stride_t % 8 == 0 && p.q_stride_h % 8 == 0 &&
                (p.q_rope == nullptr ||
-                (aligned(p.q_rope, 16) && p.q_rope_stride_t % 8 == 0 && p.q_rope_stride_h % 8 == 0));
+                (aligned(p.q_rope, q_vec_bytes) && p.q_rope_stride_t % 8 == 0 && p.q_rope_stride_h % 8 == 0));
   kp.kv = static_cast<const uint8_t*>(p.kv);
   kp.kv_row_stride_bytes = p.kv_row_stride_bytes;
   kp.num_rows = p.num_rows;
@@ -117,7 +140,10 @@ void sparse_mla(const SparseMlaParams& p, void* workspace, size_t workspace_byte
   kp.idx_stride_t = p.idx_stride_t;
   kp.counts = p.counts;
   kp.sink = p.sink;
-  kp.scale_log2 = p.softmax_scale * p.q_scale * 1.4426950408889634f;
+  // fp8_e4m3 rows are read as exact e4m3 values: k_scale moves to the score and output scales.
+  const float k_scale = p.format == KvFormat::kFP8E4M3 ? p.k_scale : 1.0f;
+  kp.scale_log2 = p.softmax_scale * p.q_scale * k_scale * 1.4426950408889634f;
+  kp.out_scale = k_scale;
   kp.out = p.out;
   kp.out_stride_t = p.out_stride_t, kp.out_stride_h = p.out_stride_h;
   kp.out_vec2 = aligned(p.out, 4) && p.out_stride_t % 2 == 0 && p.out_stride_h % 2 == 0;
@@ -133,7 +159,10 @@ void sparse_mla(const SparseMlaParams& p, void* workspace, size_t workspace_byte
   const bool fp16 = p.q_dtype == DType::kFP16;
   const int tile = k::head_tile_for(p.num_heads);
   // The one switch from runtime values to template arguments.
-  if (fp16) {
+  if (row_format == k::RowFormat::kFp8E4M3) launch_quantized<k::RowFormat::kFp8E4M3>(tile, kp, s);
+  else if (row_format == k::RowFormat::kFp8DsMla) launch_quantized<k::RowFormat::kFp8DsMla>(tile, kp, s);
+  else if (row_format == k::RowFormat::kNvFp4DsMla) launch_quantized<k::RowFormat::kNvFp4DsMla>(tile, kp, s);
+  else if (fp16) {
     if (tile == 16) k::launch_main<ptx::Fp16, 1>(kp, s);
     else if (tile == 32) k::launch_main<ptx::Fp16, 2>(kp, s);
     else if (use_wgmma()) k::launch_wgmma<ptx::Fp16>(kp, s);

@@ -1,4 +1,4 @@
-// Declarations of the instantiated launchers of the SM90 16-bit sparse MLA kernel (one .cu per
+// Declarations of the instantiated launchers of the SM90 sparse MLA kernel (one .cu per
 // instantiation in this folder) and of the host entry that dispatches to them.
 #pragma once
 
@@ -9,7 +9,8 @@
 
 namespace smla::cuda::sm90::sparse_mla {
 
-template <typename Elem, int kMTiles>
+// kRow: how cache rows are read (config.h); quantized formats use Elem = ptx::Bf16.
+template <typename Elem, int kMTiles, RowFormat kRow = RowFormat::kNative16>
 void launch_main(const KernelParams& p, cudaStream_t stream);
 template <typename Elem>
 void launch_wgmma(const KernelParams& p, cudaStream_t stream);  // head tile 64 only

@@ -1,0 +1,139 @@
+// Dequantization of the quantized KV rows (DESIGN.md §3) to bf16, one 16-byte chunk (8 values
+// of the 576-wide row) at a time. Host and device: the kernel dequantizes shared-memory rows with
+// these functions, and a host test holds them to smla::decode_row over every byte value.
+//
+// Exactness: every e4m3 value, and every e2m1 value times an e4m3 block scale, is a bf16 value,
+// so fp8_e4m3 (with k_scale folded into the score and output scales), nvfp4_ds_mla and the RoPE
+// parts decode bit-exactly; fp8_ds_mla values (e4m3 times an arbitrary fp32 tile scale) are
+// rounded to nearest-even bf16 (exact for the writers' power-of-two scales).
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include "cuda/sm90/sparse_mla/config.h"
+#include "smla/numeric.h"
+
+#if defined(__CUDACC__)
+#include <cuda_bf16.h>
+#define SMLA_DQ_UNROLL _Pragma("unroll")
+#else
+#define SMLA_DQ_UNROLL
+#endif
+
+namespace smla::cuda::sm90::sparse_mla::dq {
+
+struct Chunk {
+  uint32_t w[4];  // 8 bf16, element 2i in the low half of w[i]
+};
+
+SMLA_HD uint32_t ld_u32(const uint8_t* p) {  // p: 4-byte aligned
+#if defined(__CUDA_ARCH__)
+  return *reinterpret_cast<const uint32_t*>(p);
+#else
+  uint32_t v;
+  memcpy(&v, p, 4);
+  return v;
+#endif
+}
+SMLA_HD void ld_u32x2(const uint8_t* p, uint32_t& lo, uint32_t& hi) {  // p: 8-byte aligned
+#if defined(__CUDA_ARCH__)
+  const uint2 v = *reinterpret_cast<const uint2*>(p);
+  lo = v.x, hi = v.y;
+#else
+  memcpy(&lo, p, 4);
+  memcpy(&hi, p + 4, 4);
+#endif
+}
+
+// Two floats -> packed bf16 pair (low half = a), round to nearest even.
+SMLA_HD uint32_t pack_bf16x2(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
+  return *reinterpret_cast<uint32_t*>(&v);
+#else
+  return uint32_t(num::f32_to_bf16(a)) | uint32_t(num::f32_to_bf16(b)) << 16;
+#endif
+}
+
+// bf16 bits of the e4m3 byte b (low 8 bits), exact; equals f32_to_bf16(e4m3_to_f32(b)) for all
+// 256 bytes, NaN included. Normal e4m3 (exponent field e > 0) only moves its fields: the bf16
+// exponent is e - 7 + 127; the 7 subnormals m * 2^-9 go through an exact fp32 product.
+SMLA_HD uint32_t e4m3_bf16_bits(uint32_t b) {
+  const uint32_t sign = (b & 0x80u) << 8, em = b & 0x7fu;
+  uint32_t mag = (em + (120u << 3)) << 4;
+  if (em < 8u) mag = num::f32_bits(float(em) * 0.001953125f) >> 16;
+  if (em == 0x7fu) mag = 0x7fc0u;
+  return sign | mag;
+}
+SMLA_HD float e4m3_f32(uint32_t b) { return num::bits_f32(e4m3_bf16_bits(b) << 16); }
+
+// 8 e4m3 bytes (lo: elements 0-3, hi: 4-7) -> 8 bf16, exact.
+SMLA_HD Chunk e4m3x8(uint32_t lo, uint32_t hi) {
+  Chunk c;
+SMLA_DQ_UNROLL
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t w = i < 2 ? lo : hi, sh = (i & 1) * 16;
+    c.w[i] = e4m3_bf16_bits((w >> sh) & 0xffu) | e4m3_bf16_bits((w >> (sh + 8)) & 0xffu) << 16;
+  }
+  return c;
+}
+
+// 8 e4m3 bytes times the fp32 scale s -> 8 bf16 (fp32 product, then round to nearest even).
+SMLA_HD Chunk e4m3x8_scaled(uint32_t lo, uint32_t hi, float s) {
+  Chunk c;
+SMLA_DQ_UNROLL
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t w = i < 2 ? lo : hi, sh = (i & 1) * 16;
+    c.w[i] = pack_bf16x2(e4m3_f32((w >> sh) & 0xffu) * s, e4m3_f32((w >> (sh + 8)) & 0xffu) * s);
+  }
+  return c;
+}
+
+// e2m1 code (low 4 bits) times sf -> fp32, exact. Nibble k of the constant is twice the
+// magnitude of code k (0, .5, 1, 1.5, 2, 3, 4, 6); the sign bit moves to bit 31.
+SMLA_HD float e2m1_times(uint32_t nib, float half_sf) {
+  const float mag = float((0xC8643210u >> ((nib & 7u) * 4u)) & 0xfu) * half_sf;
+  return num::bits_f32(num::f32_bits(mag) ^ ((nib & 8u) << 28));
+}
+
+// 8 e2m1 codes (one word, element i in nibble i) times the block scale sf -> 8 bf16, exact.
+SMLA_HD Chunk e2m1x8_scaled(uint32_t w, float sf) {
+  const float half_sf = 0.5f * sf;
+  Chunk c;
+SMLA_DQ_UNROLL
+  for (int i = 0; i < 4; ++i) c.w[i] = pack_bf16x2(e2m1_times(w >> (8 * i), half_sf), e2m1_times(w >> (8 * i + 4), half_sf));
+  return c;
+}
+
+// Logical 16-byte chunk `ch` (elements 8 ch .. 8 ch + 7 of the bf16 row: ch < 64 latent,
+// 64..71 RoPE) of the raw row at `raw` (16-byte aligned; the bytes a chunk needs only).
+// fp8_e4m3: e4m3 without k_scale (the caller folds it into its scales).
+template <RowFormat kRow>
+SMLA_HD Chunk dequant_chunk(const uint8_t* raw, int ch) {
+  uint32_t lo, hi;
+  if constexpr (kRow == RowFormat::kFp8E4M3) {
+    ld_u32x2(raw + 8 * ch, lo, hi);
+    return e4m3x8(lo, hi);
+  } else if constexpr (kRow == RowFormat::kFp8DsMla) {
+    if (ch < kLatent / 8) {
+      ld_u32x2(raw + 8 * ch, lo, hi);
+      return e4m3x8_scaled(lo, hi, num::bits_f32(ld_u32(raw + 512 + 4 * (ch >> 4))));  // 128-wide tiles
+    }
+    const uint8_t* rope = raw + 528 + 16 * (ch - kLatent / 8);  // bf16 as stored
+    Chunk c;
+    ld_u32x2(rope, c.w[0], c.w[1]);
+    ld_u32x2(rope + 8, c.w[2], c.w[3]);
+    return c;
+  } else {
+    static_assert(kRow == RowFormat::kNvFp4DsMla, "quantized row formats only");
+    if (ch < kLatent / 8) {
+      const float sf = e4m3_f32(raw[num::nvfp4_scale_offset(ch >> 1)]);  // 16-element blocks
+      return e2m1x8_scaled(ld_u32(raw + 4 * ch), sf);
+    }
+    ld_u32x2(raw + 256 + 8 * (ch - kLatent / 8), lo, hi);  // RoPE: e4m3, unscaled
+    return e4m3x8(lo, hi);
+  }
+}
+
+}  // namespace smla::cuda::sm90::sparse_mla::dq

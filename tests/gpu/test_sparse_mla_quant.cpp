@@ -1,0 +1,402 @@
+// Quantized KV caches (fp8_e4m3, fp8_ds_mla, nvfp4_ds_mla) on the SM90 sparse MLA kernel.
+//
+// Host part (runs without a GPU): the dequantization functions the kernel uses (dequant.h), and
+// the kernel's in-place pass order, emulated on one 1152-byte slot, reproduce smla::decode_row
+// bit for bit (rounded to bf16) for every byte value and for encoded and arbitrary rows.
+// GPU part: the float64 reference on the dequantized rows (DESIGN.md §8: rel L2 <= 1e-2, LSE abs
+// <= 1e-3), with fresh random inputs (seed printed on failure), NaN rows that no entry selects and
+// poisoned outputs; and a report (printed, not asserted) of what quantization itself costs
+// against the same data in a bf16 cache.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cuda/sm90/sparse_mla/config.h"
+#include "cuda/sm90/sparse_mla/dequant.h"
+#include "smla/api.h"
+#include "smla/cuda.h"
+#include "smla/formats.h"
+#include "smla/numeric.h"
+#include "smla/reference.h"
+#include "smla/testing.h"
+
+namespace {
+
+using smla::DType;
+using smla::KvFormat;
+using smla::LseMode;
+using smla::testing::ProblemSpec;
+namespace k = smla::cuda::sm90::sparse_mla;
+
+uint64_t fresh_seed() {
+  std::random_device rd;
+  return (uint64_t(rd()) << 32) ^ rd();
+}
+
+bool have_sm90() {
+  if (smla::cuda::device_count() == 0) return false;
+  const auto d = smla::cuda::device_info(0);
+  return d.cc_major == 9 && d.cc_minor == 0;
+}
+
+#define REQUIRE_GPU()                                                                   \
+  do {                                                                                  \
+    if (!have_sm90()) GTEST_SKIP() << "no SM90 CUDA device: GPU tests need an H100/H200"; \
+  } while (0)
+
+// ---- host: dequant.h against numeric.h / decode_row ---------------------------------------------
+
+bool same_bf16(uint32_t a, uint32_t b) {
+  const bool na = (a & 0x7fffu) > 0x7f80u, nb = (b & 0x7fffu) > 0x7f80u;
+  return na || nb ? na == nb : a == b;
+}
+
+TEST(QuantDequant, E4m3EveryByte) {
+  for (uint32_t b = 0; b < 256; ++b) {
+    const uint32_t want = smla::num::f32_to_bf16(smla::num::e4m3_to_f32(uint8_t(b)));
+    EXPECT_TRUE(same_bf16(k::dq::e4m3_bf16_bits(b), want)) << "byte 0x" << std::hex << b;
+  }
+}
+
+TEST(QuantDequant, E2m1EveryCodeAndScale) {
+  for (uint32_t sb = 0; sb < 256; ++sb) {
+    if ((sb & 0x7f) == 0x7f) continue;  // NaN scale
+    const float sf = smla::num::e4m3_to_f32(uint8_t(sb));
+    for (uint32_t nib = 0; nib < 16; ++nib) {
+      const float want = smla::num::e2m1_to_f32(uint8_t(nib)) * sf;
+      const float got = k::dq::e2m1_times(nib, 0.5f * k::dq::e4m3_f32(sb));
+      EXPECT_EQ(smla::num::f32_bits(got), smla::num::f32_bits(want)) << "scale 0x" << std::hex << sb << " code " << nib;
+      EXPECT_EQ(smla::num::f32_to_bf16(want), smla::num::f32_bits(want) >> 16) << "not exact in bf16";
+    }
+  }
+}
+
+k::RowFormat row_format(KvFormat f) {
+  return f == KvFormat::kFP8E4M3 ? k::RowFormat::kFp8E4M3
+         : f == KvFormat::kFP8DsMla ? k::RowFormat::kFp8DsMla
+                                    : k::RowFormat::kNvFp4DsMla;
+}
+
+k::dq::Chunk dequant_chunk(KvFormat f, const uint8_t* raw, int ch) {
+  switch (f) {
+    case KvFormat::kFP8E4M3: return k::dq::dequant_chunk<k::RowFormat::kFp8E4M3>(raw, ch);
+    case KvFormat::kFP8DsMla: return k::dq::dequant_chunk<k::RowFormat::kFp8DsMla>(raw, ch);
+    default: return k::dq::dequant_chunk<k::RowFormat::kNvFp4DsMla>(raw, ch);
+  }
+}
+
+// The kernel's gather + in-place dequantization of one row into slot `r` (swizzle by r % 8), as
+// in kernel.cuh: raw row at the slot end, passes of 32 chunks, each pass reading everything it
+// needs before writing. Returns the logical bf16 row [D].
+std::vector<uint16_t> emulate_slot(KvFormat f, int rope, const uint8_t* row, int r) {
+  alignas(16) uint8_t slot[k::kRowBytesMax];
+  std::memset(slot, 0xab, sizeof(slot));
+  const int raw_chunks = k::raw_row_chunks(row_format(f), rope);
+  const int raw_offset = k::kRowBytesMax - 16 * raw_chunks;
+  std::memcpy(slot + raw_offset, row, size_t(16 * raw_chunks));
+  const int row_chunks = (smla::kLatentDim + rope) * 2 / 16;
+  for (int j = 0; j < 3; ++j) {
+    if (j == 2 && row_chunks <= 64) break;
+    k::dq::Chunk c[32];
+    for (int lane = 0; lane < 32; ++lane)
+      if (32 * j + lane < row_chunks) c[lane] = dequant_chunk(f, slot + raw_offset, 32 * j + lane);
+    for (int lane = 0; lane < 32; ++lane)
+      if (32 * j + lane < row_chunks) std::memcpy(slot + 512 * j + (lane ^ (r & 7)) * 16, c[lane].w, 16);
+  }
+  std::vector<uint16_t> out(size_t(row_chunks) * 8);
+  for (int ch = 0; ch < row_chunks; ++ch) std::memcpy(out.data() + ch * 8, slot + (ch ^ (r & 7)) * 16, 16);
+  return out;
+}
+
+TEST(QuantDequant, InPlaceRowsMatchDecodeRow) {
+  std::mt19937_64 rng(fresh_seed());
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (KvFormat f : {KvFormat::kFP8E4M3, KvFormat::kFP8DsMla, KvFormat::kNvFP4DsMla})
+    for (int rope : {64, 0})
+      for (int trial = 0; trial < 64; ++trial) {
+        const int rb = smla::row_bytes(f, rope), D = smla::kLatentDim + rope;
+        std::vector<uint8_t> row(static_cast<size_t>(rb));
+        if (trial < 32) {  // encoded rows over a range of magnitudes
+          std::vector<float> lat(512), rp(64);
+          const float mul = std::ldexp(1.0f, trial % 16 - 8);
+          for (auto& v : lat) v = normal(rng) * mul;
+          for (auto& v : rp) v = normal(rng) * mul;
+          smla::encode_row(f, rope, lat.data(), rp.data(), 1.0f, row.data());
+        } else {  // arbitrary bytes, finite scales (fp8_ds_mla: any fp32 scale, not a power of two)
+          for (auto& b : row) b = uint8_t(rng());
+          for (auto& b : row) b = (b & 0x7f) == 0x7f ? uint8_t(b ^ 1) : b;  // no NaN e4m3 / e2m1 scale
+          if (f == KvFormat::kFP8DsMla) {
+            for (int i = 0; i < 4; ++i) {
+              const float s = std::exp(float(int(rng() % 2000) - 1000) * 0.01f);
+              std::memcpy(row.data() + 512 + 4 * i, &s, 4);
+            }
+            for (int i = 0; i < 64; ++i) {  // finite bf16 RoPE
+              uint16_t v = smla::num::f32_to_bf16(normal(rng));
+              std::memcpy(row.data() + 528 + 2 * i, &v, 2);
+            }
+          }
+        }
+        std::vector<float> want(static_cast<size_t>(D));
+        smla::decode_row(f, rope, row.data(), 1.0f, want.data());
+        const auto got = emulate_slot(f, rope, row.data(), trial);
+        int bad = 0;
+        for (int i = 0; i < D; ++i) bad += !same_bf16(got[size_t(i)], smla::num::f32_to_bf16(want[size_t(i)]));
+        EXPECT_EQ(bad, 0) << smla::to_string(f) << " rope " << rope << " trial " << trial;
+      }
+}
+
+// ---- GPU ---------------------------------------------------------------------------------------
+
+// testing::reference_double on all cores: the same reference::sparse_mla_row_head per (t, h).
+void reference(const smla::testing::HostProblem& hp, std::vector<double>& ref_out, std::vector<double>& ref_lse) {
+  const auto& p = hp.params;
+  const int64_t n = p.num_tokens * p.num_heads;
+  ref_out.assign(size_t(n * smla::kLatentDim), 0.0);
+  ref_lse.assign(size_t(n), 0.0);
+  std::atomic<int64_t> next{0};
+  auto work = [&] {
+    for (int64_t i; (i = next.fetch_add(1)) < n;) {
+      const int64_t t = i / p.num_heads;
+      const int h = int(i % p.num_heads);
+      double l;
+      smla::reference::sparse_mla_row_head(p, t, h, ref_out.data() + i * smla::kLatentDim, &l);
+      ref_lse[size_t(i)] = p.lse_mode == LseMode::kBase2 ? l * M_LOG2E : l;
+    }
+  };
+  std::vector<std::thread> pool;
+  for (unsigned i = 0; i < std::max(1u, std::thread::hardware_concurrency()); ++i) pool.emplace_back(work);
+  for (auto& th : pool) th.join();
+}
+
+void run_checked(const ProblemSpec& spec, const std::string& what) {
+  const uint64_t seed = fresh_seed();
+  auto hp = smla::testing::make_problem(spec, seed);
+  SCOPED_TRACE(what + " (seed " + std::to_string(seed) + ")");
+  std::vector<double> ref_out, ref_lse;
+  reference(hp, ref_out, ref_lse);
+  smla::cuda::sparse_mla_from_host(hp.params, hp.kv_bytes());
+  const auto d = smla::testing::compare(hp, ref_out, ref_lse);
+  EXPECT_EQ(d.nonfinite, 0);
+  EXPECT_LE(d.rel_l2, 1e-2);
+  EXPECT_LE(d.lse_max_abs, 1e-3);
+
+  const auto& p = hp.params;
+  if (spec.out_head_pad > 0) {  // cells between heads keep their poison
+    const auto* o = reinterpret_cast<const uint16_t*>(hp.out.data());
+    int64_t touched = 0;
+    for (int64_t t = 0; t < p.num_tokens; ++t)
+      for (int h = 0; h < p.num_heads; ++h)
+        for (int64_t e = smla::kLatentDim; e < p.out_stride_h; ++e)
+          touched += o[t * p.out_stride_t + h * p.out_stride_h + e] != 0xffffu;
+    EXPECT_EQ(touched, 0) << "cells between heads were written";
+  }
+  if (spec.lse_mode == LseMode::kOff) {
+    int64_t written = 0;
+    for (float v : hp.lse) written += !std::isnan(v);
+    EXPECT_EQ(written, 0) << "lse written although LSE is off";
+  }
+  for (int64_t t = 0; t < p.num_tokens; ++t) {  // empty rows: out exactly 0, LSE -inf
+    int active = p.counts ? std::max(0, std::min(p.counts[t], p.topk)) : p.topk, valid = 0;
+    for (int j = 0; j < active; ++j) {
+      const int32_t r = p.idx[t * p.idx_stride_t + j];
+      valid += r >= 0 && r < p.num_rows;
+    }
+    if (valid != 0) continue;
+    int64_t bad = 0;
+    for (int h = 0; h < p.num_heads; ++h) {
+      for (int e = 0; e < smla::kLatentDim; ++e) bad += smla::testing::out_value(hp, t, h, e) != 0.0f;
+      if (p.lse) bad += p.lse[t * p.lse_stride_t + h] != -INFINITY;
+    }
+    EXPECT_EQ(bad, 0) << "empty row t=" << t << ": out must be exactly 0 and LSE -inf";
+  }
+}
+
+struct Case {
+  std::string name;
+  ProblemSpec spec;
+};
+
+const char* short_name(KvFormat f) {
+  return f == KvFormat::kFP8E4M3 ? "e4m3" : f == KvFormat::kFP8DsMla ? "dsfp8" : "nvfp4";
+}
+
+ProblemSpec base(KvFormat f, int64_t T, int H, int K) {
+  ProblemSpec s;
+  s.format = f;
+  s.num_tokens = T, s.num_heads = H, s.topk = K;
+  s.num_rows = K > 1024 ? 16384 : 4096;
+  if (f == KvFormat::kFP8E4M3) s.k_scale = 0.37f;  // not a power of two: k_scale folding is exercised
+  return s;
+}
+
+std::vector<Case> cases() {
+  std::vector<Case> v;
+  auto add = [&](KvFormat f, std::string name, ProblemSpec s) {
+    v.push_back({std::string(short_name(f)) + "_" + name, s});
+  };
+  for (KvFormat f : {KvFormat::kFP8E4M3, KvFormat::kFP8DsMla, KvFormat::kNvFP4DsMla}) {
+    // The grid: H x K x D (T = 2-5: split top-k for K = 2048).
+    for (int H : {1, 3, 16, 48, 64, 128})
+      for (int K : {77, 2048})
+        for (int rope : {64, 0}) {
+          auto s = base(f, K > 1024 ? (H >= 48 ? 2 : 3) : 5, H, K);
+          s.rope_dim = rope;
+          add(f, "T" + std::to_string(s.num_tokens) + "_H" + std::to_string(H) + "_K" + std::to_string(K) + "_D" +
+                     std::to_string(512 + rope),
+              s);
+        }
+    {
+      auto s = base(f, 7, 3, 300);
+      s.use_counts = true, s.sink = true, s.lse_mode = LseMode::kBase2;
+      add(f, "T7_H3_K300_counts_sink_lse2", s);
+    }
+    {
+      auto s = base(f, 300, 16, 77);  // no split
+      s.sink = true;
+      add(f, "T300_H16_K77_sink_nosplit", s);
+    }
+    {
+      auto s = base(f, 140, 128, 77);
+      s.rope_dim = 0, s.use_counts = true;
+      add(f, "T140_H128_K77_D512_counts_nosplit", s);
+    }
+    {
+      auto s = base(f, 8, 16, 300);
+      s.all_invalid_row = true, s.use_counts = true, s.sink = true;
+      add(f, "T8_H16_all_invalid_counts_sink", s);
+    }
+    {
+      auto s = base(f, 200, 48, 100);
+      s.all_invalid_row = true, s.sink = true;
+      add(f, "T200_H48_all_invalid_sink_nosplit", s);
+    }
+    {
+      auto s = base(f, 4, 64, 500);
+      s.invalid_fraction = 0.6, s.num_rows = 50;  // many invalid (-1, negative, >= num_rows) and duplicates
+      add(f, "T4_H64_invalid_duplicates", s);
+    }
+    {
+      auto s = base(f, 3, 16, 100);
+      s.lse_mode = LseMode::kOff;
+      add(f, "T3_H16_lse_off", s);
+    }
+    {
+      auto s = base(f, 4, 32, 128);
+      s.q_pair = true;
+      add(f, "T4_H32_qpair", s);
+    }
+    {
+      auto s = base(f, 6, 20, 130);
+      s.q_head_pad = 3, s.out_head_pad = 5;
+      add(f, "T6_H20_strides_odd", s);
+    }
+    {
+      auto s = base(f, 65537, 2, 16);
+      s.num_rows = 1 << 16;
+      add(f, "T65537_H2_K16", s);
+    }
+  }
+  // fp8_e4m3 with an e4m3 q (q_scale folded into the score scale).
+  for (int H : {1, 16, 64, 128})
+    for (int rope : {64, 0}) {
+      auto s = base(KvFormat::kFP8E4M3, H >= 64 ? 2 : 5, H, H == 16 ? 2048 : 300);
+      s.rope_dim = rope, s.q_dtype = DType::kE4M3, s.q_scale = 0.05f, s.k_scale = 0.02f;
+      add(KvFormat::kFP8E4M3, "qe4m3_T" + std::to_string(s.num_tokens) + "_H" + std::to_string(H) + "_D" +
+                                  std::to_string(512 + rope),
+          s);
+    }
+  {
+    auto s = base(KvFormat::kFP8E4M3, 4, 48, 200);
+    s.q_dtype = DType::kE4M3, s.q_scale = 0.1f, s.q_pair = true, s.sink = true;
+    add(KvFormat::kFP8E4M3, "qe4m3_T4_H48_qpair_sink", s);
+  }
+  {
+    auto s = base(KvFormat::kFP8E4M3, 6, 20, 130);
+    s.q_dtype = DType::kE4M3, s.q_scale = 0.1f, s.q_head_pad = 3, s.out_head_pad = 5;  // byte loads of q
+    add(KvFormat::kFP8E4M3, "qe4m3_T6_H20_strides_odd", s);
+  }
+  return v;
+}
+
+class SparseMlaQuant : public ::testing::TestWithParam<Case> {};
+
+TEST_P(SparseMlaQuant, MatchesReferenceOnDequantizedRows) {
+  REQUIRE_GPU();
+  run_checked(GetParam().spec, GetParam().name);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, SparseMlaQuant, ::testing::ValuesIn(cases()),
+                         [](const ::testing::TestParamInfo<Case>& i) { return i.param.name; });
+
+double rel_l2(const smla::testing::HostProblem& a, const smla::testing::HostProblem& b) {
+  double num2 = 0, den2 = 0;
+  const auto& p = a.params;
+  for (int64_t t = 0; t < p.num_tokens; ++t)
+    for (int h = 0; h < p.num_heads; ++h)
+      for (int d = 0; d < smla::kLatentDim; ++d) {
+        const double x = smla::testing::out_value(a, t, h, d), y = smla::testing::out_value(b, t, h, d);
+        num2 += (x - y) * (x - y), den2 += y * y;
+      }
+  return std::sqrt(num2 / den2);
+}
+
+// What quantization itself costs: the same random latent / RoPE stored as bf16 and as each
+// format (same q and indices), both run on the GPU. Printed, not asserted.
+TEST(SparseMlaQuantReport, ErrorAgainstBf16Cache) {
+  REQUIRE_GPU();
+  for (int H : {128, 16}) {
+    ProblemSpec s;
+    s.num_tokens = 4, s.num_heads = H, s.topk = 2048, s.num_rows = 16384;
+    s.poison_unselected = false;
+    const uint64_t seed = fresh_seed();
+    auto bf = smla::testing::make_problem(s, seed);
+    smla::cuda::sparse_mla_from_host(bf.params, bf.kv_bytes());
+    std::vector<double> ref_out, ref_lse;
+    reference(bf, ref_out, ref_lse);
+    const auto d_bf = smla::testing::compare(bf, ref_out, ref_lse);
+    std::printf("[quant report] H=%d T=4 K=2048 D=576 (seed %llu): bf16 cache vs float64 reference: rel L2 %.3e, "
+                "LSE max abs %.3e\n",
+                H, (unsigned long long)seed, d_bf.rel_l2, d_bf.lse_max_abs);
+    // The bf16 rows as floats.
+    const int64_t R = s.num_rows;
+    std::vector<float> vals(size_t(R) * 576);
+    for (int64_t r = 0; r < R; ++r) smla::decode_row(KvFormat::kBF16, 64, bf.kv.data() + r * 1152, 1.0f, vals.data() + r * 576);
+    float amax = 0;
+    for (float x : vals) amax = std::max(amax, std::fabs(x));
+    for (KvFormat f : {KvFormat::kFP8E4M3, KvFormat::kFP8DsMla, KvFormat::kNvFP4DsMla}) {
+      auto q = bf;
+      q.spec.format = f;
+      q.spec.k_scale = f == KvFormat::kFP8E4M3 ? amax / 448.0f : 1.0f;  // per-tensor scale from the amax
+      const int rb = smla::row_bytes(f, 64);
+      q.kv.assign(size_t(R * rb), 0);
+      for (int64_t r = 0; r < R; ++r)
+        smla::encode_row(f, 64, vals.data() + r * 576, vals.data() + r * 576 + 512, q.spec.k_scale, q.kv.data() + r * rb);
+      std::fill(q.out.begin(), q.out.end(), 0xff);
+      std::fill(q.lse.begin(), q.lse.end(), NAN);
+      q.bind();
+      smla::cuda::sparse_mla_from_host(q.params, q.kv_bytes());
+      std::vector<double> qref_out, qref_lse;
+      reference(q, qref_out, qref_lse);
+      const auto d_deq = smla::testing::compare(q, qref_out, qref_lse);
+      const auto d_true = smla::testing::compare(q, ref_out, ref_lse);
+      double lse_vs_bf = 0;
+      for (size_t i = 0; i < q.lse.size(); ++i) lse_vs_bf = std::max(lse_vs_bf, double(std::fabs(q.lse[i] - bf.lse[i])));
+      std::printf("[quant report] H=%d %-13s vs dequantized reference: rel L2 %.3e, LSE %.3e | vs bf16 cache on GPU: "
+                  "rel L2 %.3e, LSE %.3e | vs float64 reference of the bf16 data: rel L2 %.3e, LSE %.3e\n",
+                  H, std::string(smla::to_string(f)).c_str(), d_deq.rel_l2, d_deq.lse_max_abs, rel_l2(q, bf), lse_vs_bf,
+                  d_true.rel_l2, d_true.lse_max_abs);
+      EXPECT_EQ(d_deq.nonfinite, 0);
+    }
+  }
+}
+
+}  // namespace
