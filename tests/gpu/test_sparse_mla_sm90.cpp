@@ -319,8 +319,13 @@ TEST(SparseMlaSm90Edge, BadArgumentsRefused) {
   expect_refused(p, "H > 128");
   p = hp.params, p.topk = 0;
   expect_refused(p, "K = 0");
-  p = hp.params, p.format = KvFormat::kFP8E4M3;
-  expect_refused(p, "fp8 cache on the 16-bit kernel");
+  p = hp.params, p.format = KvFormat::kFP8E4M3, p.q_dtype = DType::kFP16, p.out_dtype = DType::kFP16;
+  try {  // refused for the q dtype itself, before the workspace is looked at
+    smla::cuda::sparse_mla(p, nullptr, 0, nullptr);
+    ADD_FAILURE() << "an fp16 q on a quantized cache ran";
+  } catch (const smla::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("got an fp16 q"), std::string::npos) << e.what();
+  }
   p = hp.params, p.out_dtype = DType::kFP32;
   expect_refused(p, "fp32 out");
   p = hp.params;

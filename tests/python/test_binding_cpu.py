@@ -526,7 +526,7 @@ def test_support_strings():
     elif smla.cuda_device_count() == 0:
         assert "no CUDA device" in cuda_reason
     assert smla.kernel_name(64, 2048, format="bf16") == "sm90/sparse_mla/bf16_d576"
-    assert smla.kernel_name(64, 2048, format="nvfp4_ds_mla") == ""
+    assert smla.kernel_name(64, 2048, format="nvfp4_ds_mla") == "sm90/sparse_mla/nvfp4_ds_mla_d576"
 
 
 # ---------------------------------------------------------------------------------------------
