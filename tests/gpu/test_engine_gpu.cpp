@@ -169,6 +169,45 @@ TEST(PlanGpu, GraphReplayIsBitIdenticalToEager) {
   cudaStreamDestroy(stream);
 }
 
+// Host cost of one call, eager vs CUDA-graph replay, on a call small enough that the GPU work
+// does not hide it (T = 1, H = 16, K = 64). Reported, not asserted.
+TEST(PlanGpu, ReplayOverheadOfASmallCall) {
+  SKIP_WITHOUT_GPU();
+  smla::testing::ProblemSpec s;
+  s.num_tokens = 1, s.num_heads = 16, s.topk = 64, s.num_rows = 4096;
+  auto cfg = cuda_config(s, 1);
+  cfg.graph_sizes.clear();
+  const Plan plan(cfg);
+  DeviceProblem d(s, fresh_seed(), plan.workspace_bytes());
+  const SparseMlaParams p = d.params();
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  plan.run(p, d.ws, d.ws_bytes, stream);
+  CUDA_OK(cudaStreamEndCapture(stream, &graph));
+  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  auto per_call_us = [&](auto&& launch) {
+    for (int i = 0; i < 20; ++i) launch();
+    EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < 1000; ++i) launch();
+    const double host_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / 1000;
+    EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    const double total_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / 1000;
+    return std::make_pair(host_us, total_us);
+  };
+  const auto eager = per_call_us([&] { plan.run(p, d.ws, d.ws_bytes, stream); });
+  const auto replay = per_call_us([&] { EXPECT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess); });
+  std::printf("[ timing ] T=1 H=16 K=64: host time per call: eager %.2f us, graph replay %.2f us; "
+              "end to end per call: eager %.2f us, replay %.2f us\n",
+              eager.first, replay.first, eager.second, replay.second);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
 TEST(PlanGpu, UnplannedCallFailsDuringCaptureWithoutLaunching) {
   SKIP_WITHOUT_GPU();
   const auto s = mixed_batch();
