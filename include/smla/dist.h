@@ -29,6 +29,9 @@ struct DcpConfig {
   int topk = 2048;         // K of the global top-k
   int64_t max_rows = 1;    // largest T of a step
   bool all_to_all = false; // merge path: false = all-gather LSE + reduce-scatter; true = one all-to-all
+  // Longest wait for an NCCL call to be enqueued (connection setup to a peer included). A rank
+  // that stops taking part makes the others abort the communicator and throw after this long.
+  int timeout_ms = 10000;
 };
 
 struct DcpStepArgs {
@@ -78,9 +81,14 @@ class Dcp {
 };
 
 // Helpers for tests and the CLI: a unique id (NCCL_UNIQUE_ID_BYTES bytes) made by one process and
-// handed to all, and a communicator from it (on the current device).
+// handed to all, and a communicator from it (on the current device). By default the communicator
+// is nonblocking, so no NCCL call can hang the host: Dcp polls each call against its timeout and a
+// dead peer surfaces within DcpConfig::timeout_ms. A blocking communicator enqueues faster (see
+// docs/perf-notes.md, DCP) but a peer lost during connection setup then surfaces only after NCCL's
+// own timeout (about 60 s measured); a hang after enqueue is still caught by Dcp::wait.
 std::vector<uint8_t> make_unique_id();
-void* make_comm(const std::vector<uint8_t>& unique_id, int world, int rank);
+void* make_comm(const std::vector<uint8_t>& unique_id, int world, int rank, int timeout_ms = 60000,
+                bool nonblocking = true);
 void destroy_comm(void* comm);
 
 // Runs fn(rank, unique_id) in `world` child processes, one per GPU (fork; the parent never

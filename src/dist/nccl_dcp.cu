@@ -39,6 +39,30 @@ void check_nccl(ncclResult_t r, const char* what) {
 // Partials merged per (row, head) sit in a small local array indexed by rank; these merge kernels
 // move a few hundred KB per step, so that stack use (see ptxas) is deliberate.
 constexpr int kMaxWorld = 16;
+
+// A nonblocking communicator answers ncclInProgress while a call is still being enqueued (e.g.
+// connecting to a peer). Poll its state on the host (the stream is not synchronized) until the
+// call is in place; past timeout_ms, or on an error, abort the communicator and throw.
+void settle(ncclComm_t comm, ncclResult_t r, const char* what, int timeout_ms) {
+  const auto t0 = std::chrono::steady_clock::now();
+  while (r == ncclInProgress) {
+    const auto waited =
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+    if (waited > timeout_ms) {
+      ncclCommAbort(comm);
+      fail(std::string("DCP: ") + what + " was not enqueued within " + std::to_string(timeout_ms) +
+           " ms (a peer stopped taking part?); the communicator was aborted");
+    }
+    // Spin for the first 20 ms (an enqueue normally settles in microseconds and a sleep would
+    // leave the GPU idle), then poll gently.
+    if (waited > 20) std::this_thread::sleep_for(std::chrono::microseconds(100));
+    if (ncclCommGetAsyncError(comm, &r) != ncclSuccess) r = ncclSystemError;
+  }
+  if (r != ncclSuccess) {
+    ncclCommAbort(comm);
+    fail(std::string("DCP: ") + what + ": " + ncclGetErrorString(r) + "; the communicator was aborted");
+  }
+}
 constexpr int kPack = kLatentDim + 1;  // one packed partial: 512 outputs + its LSE
 
 // [W, T, H_l, D] (16-bit) -> [T, W * H_l, D]: one block per (t, gathered head), 16-byte copies.
@@ -143,8 +167,8 @@ Dcp::Dcp(void* nccl_comm, const DcpConfig& cfg) : impl_(std::make_unique<Impl>()
   SMLA_CHECK(cfg.max_rows >= 1 && cfg.topk >= 1, "DCP: max_rows and topk must be >= 1");
   m.comm = static_cast<ncclComm_t>(nccl_comm);
   int n = 0, r = 0;
-  check_nccl(ncclCommCount(m.comm, &n), "ncclCommCount");
-  check_nccl(ncclCommUserRank(m.comm, &r), "ncclCommUserRank");
+  settle(m.comm, ncclCommCount(m.comm, &n), "ncclCommCount", cfg.timeout_ms);
+  settle(m.comm, ncclCommUserRank(m.comm, &r), "ncclCommUserRank", cfg.timeout_ms);
   SMLA_CHECK(n == cfg.world && r == cfg.rank, "DCP: the communicator has " + std::to_string(n) + " ranks and this is rank " +
                                                   std::to_string(r) + "; the config says world " +
                                                   std::to_string(cfg.world) + ", rank " + std::to_string(cfg.rank));
@@ -237,7 +261,8 @@ void Dcp::step(const DcpStepArgs& a, void* stream_ptr) {
   if (m.timing) check_cuda(cudaEventRecord(m.ev[0], stream), "cudaEventRecord");
   cuda::convert_indices(ic, stream);
   const size_t q_elems = size_t(T) * Hl * m.D;
-  check_nccl(ncclAllGather(a.q, m.q_gathered, q_elems * 2, ncclUint8, m.comm, stream), "ncclAllGather(q)");
+  const int tmo = cfg.timeout_ms;
+  settle(m.comm, ncclAllGather(a.q, m.q_gathered, q_elems * 2, ncclUint8, m.comm, stream), "ncclAllGather(q)", tmo);
   gather_heads_kernel<<<dim3(unsigned(T), unsigned(H)), 128, 0, stream>>>(
       reinterpret_cast<const uint4*>(m.q_gathered), reinterpret_cast<uint4*>(m.q_all), T, W, Hl, m.D * 2 / 16);
   check_cuda(cudaGetLastError(), "gather_heads_kernel");
@@ -250,12 +275,14 @@ void Dcp::step(const DcpStepArgs& a, void* stream_ptr) {
   // 4. Merge across ranks.
   auto* out = static_cast<uint16_t*>(a.out);
   if (!cfg.all_to_all) {
-    check_nccl(ncclAllGather(m.lse_part, m.lse_all, size_t(T) * H, ncclFloat32, m.comm, stream), "ncclAllGather(lse)");
+    settle(m.comm, ncclAllGather(m.lse_part, m.lse_all, size_t(T) * H, ncclFloat32, m.comm, stream),
+           "ncclAllGather(lse)", tmo);
     weight_scatter_kernel<<<dim3(unsigned(T), unsigned(H)), 128, 0, stream>>>(m.out_part, m.lse_all, m.scaled, m.lse_local,
                                                                                T, W, Hl, cfg.rank, bf16);
     check_cuda(cudaGetLastError(), "weight_scatter_kernel");
-    check_nccl(ncclReduceScatter(m.scaled, m.summed, size_t(T) * Hl * kLatentDim, ncclFloat32, ncclSum, m.comm, stream),
-               "ncclReduceScatter(out)");
+    settle(m.comm,
+           ncclReduceScatter(m.scaled, m.summed, size_t(T) * Hl * kLatentDim, ncclFloat32, ncclSum, m.comm, stream),
+           "ncclReduceScatter(out)", tmo);
     finalize_kernel<<<unsigned(T * Hl), 128, 0, stream>>>(m.summed, m.lse_local, out, a.lse, T * Hl, bf16);
     check_cuda(cudaGetLastError(), "finalize_kernel");
   } else {
@@ -267,7 +294,7 @@ void Dcp::step(const DcpStepArgs& a, void* stream_ptr) {
       check_nccl(ncclSend(m.send + size_t(r) * chunk, chunk, ncclFloat32, r, m.comm, stream), "ncclSend");
       check_nccl(ncclRecv(m.recv + size_t(r) * chunk, chunk, ncclFloat32, r, m.comm, stream), "ncclRecv");
     }
-    check_nccl(ncclGroupEnd(), "ncclGroupEnd");
+    settle(m.comm, ncclGroupEnd(), "the all-to-all (ncclGroupEnd)", tmo);
     merge_received_kernel<<<unsigned(T * Hl), 128, 0, stream>>>(m.recv, out, a.lse, T, W, Hl, bf16);
     check_cuda(cudaGetLastError(), "merge_received_kernel");
   }
@@ -307,12 +334,16 @@ std::vector<uint8_t> make_unique_id() {
   return v;
 }
 
-void* make_comm(const std::vector<uint8_t>& unique_id, int world, int rank) {
+void* make_comm(const std::vector<uint8_t>& unique_id, int world, int rank, int timeout_ms, bool nonblocking) {
   SMLA_CHECK(unique_id.size() == sizeof(ncclUniqueId), "make_comm: the unique id must be NCCL_UNIQUE_ID_BYTES long");
   ncclUniqueId id;
   std::memcpy(&id, unique_id.data(), sizeof(id));
   ncclComm_t comm = nullptr;
-  check_nccl(ncclCommInitRank(&comm, world, id, rank), "ncclCommInitRank");
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = nonblocking ? 0 : 1;  // nonblocking: every call returns at once; Dcp bounds each
+  const ncclResult_t r = ncclCommInitRankConfig(&comm, world, id, rank, &config);
+  if (r != ncclSuccess && r != ncclInProgress) fail(std::string("ncclCommInitRankConfig: ") + ncclGetErrorString(r));
+  settle(comm, r, "ncclCommInitRankConfig", timeout_ms);
   return comm;
 }
 

@@ -125,8 +125,10 @@ int rank_main(int world, int rank, const std::vector<uint8_t>& id, bool fail_mod
   // Rank 0: a step whose collectives wait for the rank that left must end in an error.
   const auto c = smla::test::make_dcp_case(7, 1, KvFormat::kBF16, 8 * world);
   const auto shards = dcp::shard_cache(c.req_rows, c.row_bytes, world, 1, 64, 64);
+  const int timeout_ms = 3000;
   dist::DcpConfig cfg;
   cfg.world = world, cfg.rank = 0, cfg.local_heads = 8, cfg.topk = c.K, cfg.max_rows = c.T;
+  cfg.timeout_ms = timeout_ms;
   dist::Dcp dcp(comm, cfg);
   std::vector<uint16_t> out(size_t(c.T * 8 * 512));
   dist::DcpStepArgs a;
@@ -138,7 +140,6 @@ int rank_main(int world, int rank, const std::vector<uint8_t>& id, bool fail_mod
   a.softmax_scale = 0.1f, a.out = upload(out);
   cudaStream_t stream;
   cudaStreamCreate(&stream);
-  const int timeout_ms = 3000;
   const auto t0 = std::chrono::steady_clock::now();
   bool raised = false;
   std::string msg;
