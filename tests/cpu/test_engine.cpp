@@ -98,10 +98,11 @@ TEST(Plan, SharedByEightThreads) {
   std::vector<std::thread> threads;
   for (int i = 0; i < 8; ++i)
     threads.emplace_back([&, i] {
+      const Plan own(cpu_config(s, 8));  // planning concurrently with the other threads' runs
       for (int rep = 0; rep < 5; ++rep) {
         auto hp = base;
         hp.bind();
-        plan.run(hp.params, nullptr, 0);
+        (rep % 2 ? own : plan).run(hp.params, nullptr, 0);
         outs[size_t(i)] = hp.out;
       }
     });
