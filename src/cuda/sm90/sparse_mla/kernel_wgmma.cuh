@@ -14,6 +14,11 @@
 
 namespace smla::cuda::sm90::sparse_mla {
 
+// Independent S accumulators (v5, docs/perf-notes.md): 4 = the k-steps of one 128-byte dim
+// block, so each accumulator reads a fixed 32-byte column group; D = 576 and 512 (the only head
+// dims, checked by the launcher's validate) have 9 and 8 dim blocks.
+inline constexpr int kSAcc = 4;
+
 template <typename Elem>
 __global__ void __launch_bounds__(WgmmaConfig::kThreads, 1)
     sparse_mla_wgmma_kernel(const __grid_constant__ KernelParams p) {
@@ -136,21 +141,39 @@ __global__ void __launch_bounds__(WgmmaConfig::kThreads, 1)
     __syncthreads();                // (A)
     const uint32_t kv_base = ptx::smem_addr(s.kv[stage]);
 
-    // ---- S(64 x 32 per warpgroup) = Q K^T over D in 16-wide k-steps.
-    float acc_s[16];
-#pragma unroll
-    for (int i = 0; i < 16; ++i) acc_s[i] = 0.0f;
+    // ---- S(64 x 32 per warpgroup) = Q K^T over D in 16-wide k-steps, spread over kSAcc
+    // independent accumulators (k-step ks goes to accumulator ks % kSAcc, each one's first
+    // wgmma with scale_d = 0) so consecutive wgmmas do not wait on each other; summed after the wait.
+    float acc_k[kSAcc][16];
     ptx::wgmma_fence();
     {
       const uint64_t k_desc = ptx::sw128_desc(kv_base + uint32_t(wg * 32 * Cfg::kAtomBytes), 16, 1024);
-      for (int ks = 0; ks < p.k_steps; ++ks) {
-        const uint32_t off = uint32_t(((ks >> 2) * Cfg::kBlockBytesQ + (ks & 3) * 32) >> 4);  // same for Q, K
-        ptx::wgmma_m64n32k16<Elem>(acc_s, q_desc + off, k_desc + off);
+      // k-steps 4 b .. 4 b + 3 are the four 32-byte column groups of dim block b (same for Q, K).
+#pragma unroll
+      for (int a = 0; a < kSAcc; ++a)
+        ptx::wgmma_m64n32k16<Elem>(acc_k[a], q_desc + uint32_t(a * 2), k_desc + uint32_t(a * 2), 0);
+      // Dim blocks 1..7 always (D >= 512), block 8 (the RoPE dims) when D = 576: unrolled, so no
+      // loop back-edge sits inside the wgmma batch.
+#pragma unroll
+      for (int b = 1; b < kMaxDim / 64; ++b) {
+        if (b == kLatent / 64 && p.k_steps == kLatent / 16) break;
+        const uint32_t off = uint32_t(b * (Cfg::kBlockBytesQ >> 4));
+#pragma unroll
+        for (int a = 0; a < kSAcc; ++a)
+          ptx::wgmma_m64n32k16<Elem>(acc_k[a], q_desc + off + uint32_t(a * 2), k_desc + off + uint32_t(a * 2));
       }
     }
     ptx::wgmma_commit();
     ptx::wgmma_wait<0>();
-    ptx::fence_operands(acc_s);
+    float acc_s[16];
+#pragma unroll
+    for (int a = 0; a < kSAcc; ++a) ptx::fence_operands(acc_k[a]);
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      acc_s[i] = acc_k[0][i];
+#pragma unroll
+      for (int a = 1; a < kSAcc; ++a) acc_s[i] += acc_k[a][i];
+    }
 
     // ---- masked scores (log2 domain), row maxima of this warpgroup's 32 columns.
     float mx[2] = {-INFINITY, -INFINITY};
