@@ -22,9 +22,12 @@ double BenchRecord::roofline_fraction() const {
 }
 
 void print_record(const BenchRecord& r) {
-  std::printf("%-4s %-26s %-12s T=%-6lld H=%-3lld K=%-5lld D=%lld  median %9.4f ms [%8.4f, %8.4f]  %7.2f TFLOP/s  %6.3f TB/s",
+  // The CPU backend runs at GFLOP/s and GB/s: print the unit that keeps three significant digits.
+  const bool small = r.tflops() < 0.1;
+  std::printf("%-4s %-26s %-12s T=%-6lld H=%-3lld K=%-5lld D=%lld  median %9.4f ms [%8.4f, %8.4f]  %7.2f %s  %6.3f %s",
               r.backend.c_str(), r.kernel.c_str(), r.format.c_str(), r.T, r.H, r.K, r.D, r.median_ms, r.min_ms,
-              r.max_ms, r.tflops(), r.tbps());
+              r.max_ms, small ? r.tflops() * 1e3 : r.tflops(), small ? "GFLOP/s" : "TFLOP/s",
+              small ? r.tbps() * 1e3 : r.tbps(), small ? "GB/s" : "TB/s");
   if (r.gemm_tflops > 0)
     std::printf("  %.2f of GEMM  %.2f of copy  roofline %.2f", r.tflops() / r.gemm_tflops, r.tbps() / r.copy_tbps,
                 r.roofline_fraction());
