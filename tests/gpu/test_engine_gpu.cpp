@@ -4,6 +4,8 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include "../common/gpu_test.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -18,19 +20,9 @@
 namespace {
 
 using namespace smla;
-
-#define SKIP_WITHOUT_GPU()                                                                  \
-  do {                                                                                      \
-    if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: GPU test not run";      \
-    if (!backend_support(Backend::kCuda, Geometry{}).ok()) GTEST_SKIP() << "no SM90 device"; \
-  } while (0)
+using smla::test::fresh_seed;
 
 #define CUDA_OK(x) ASSERT_EQ((x), cudaSuccess) << #x
-
-uint64_t fresh_seed() {
-  std::random_device rd;
-  return (uint64_t(rd()) << 32) ^ rd();
-}
 
 // A host problem mirrored on the device; params() points at device memory.
 struct DeviceProblem {
@@ -107,7 +99,7 @@ smla::testing::ProblemSpec mixed_batch() {
 }
 
 TEST(PlanGpu, GraphReplayIsBitIdenticalToEager) {
-  SKIP_WITHOUT_GPU();
+  REQUIRE_GPU();
   const auto s = mixed_batch();
   const Plan plan(cuda_config(s, 64));
   const uint64_t seed = fresh_seed();
@@ -172,7 +164,7 @@ TEST(PlanGpu, GraphReplayIsBitIdenticalToEager) {
 // Host cost of one call, eager vs CUDA-graph replay, on a call small enough that the GPU work
 // does not hide it (T = 1, H = 16, K = 64). Reported, not asserted.
 TEST(PlanGpu, ReplayOverheadOfASmallCall) {
-  SKIP_WITHOUT_GPU();
+  REQUIRE_GPU();
   smla::testing::ProblemSpec s;
   s.num_tokens = 1, s.num_heads = 16, s.topk = 64, s.num_rows = 4096;
   auto cfg = cuda_config(s, 1);
@@ -209,7 +201,7 @@ TEST(PlanGpu, ReplayOverheadOfASmallCall) {
 }
 
 TEST(PlanGpu, UnplannedCallFailsDuringCaptureWithoutLaunching) {
-  SKIP_WITHOUT_GPU();
+  REQUIRE_GPU();
   const auto s = mixed_batch();
   const Plan plan(cuda_config(s, 64));
   DeviceProblem d(s, fresh_seed(), plan.workspace_bytes());
@@ -237,7 +229,7 @@ TEST(PlanGpu, UnplannedCallFailsDuringCaptureWithoutLaunching) {
 }
 
 TEST(PlanGpu, BadArgumentsRefusedBeforeLaunch) {
-  SKIP_WITHOUT_GPU();
+  REQUIRE_GPU();
   auto s = mixed_batch();
   s.num_tokens = 200;  // no split: no workspace needed at this T, but the plan sizes for small T
   const Plan plan(cuda_config(s, 256));
@@ -284,7 +276,7 @@ smla::testing::HostProblem sub_problem(const smla::testing::HostProblem& full, c
 }
 
 TEST(PlanGpu, BatchInvariantRowsDoNotDependOnTheBatch) {
-  SKIP_WITHOUT_GPU();
+  REQUIRE_GPU();
   auto s = mixed_batch();
   s.num_tokens = 200, s.topk = 2048, s.num_heads = 128, s.num_rows = 50000;
   auto cfg = cuda_config(s, 256);
@@ -320,7 +312,7 @@ TEST(PlanGpu, BatchInvariantRowsDoNotDependOnTheBatch) {
 }
 
 TEST(PlanGpu, EightThreadsShareOnePlan) {
-  SKIP_WITHOUT_GPU();
+  REQUIRE_GPU();
   const auto s = mixed_batch();
   const Plan plan(cuda_config(s, 64));
   const uint64_t seed = fresh_seed();

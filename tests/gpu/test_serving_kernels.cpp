@@ -3,6 +3,8 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include "../common/gpu_test.h"
+
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -16,18 +18,9 @@
 namespace {
 
 using namespace smla;
+using smla::test::fresh_seed;
 
 #define CUDA_OK(x) ASSERT_EQ((x), cudaSuccess) << #x
-
-#define SKIP_WITHOUT_GPU()                                                        \
-  do {                                                                            \
-    if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: GPU test not run"; \
-  } while (0)
-
-uint64_t fresh_seed() {
-  std::random_device rd;
-  return (uint64_t(rd()) << 32) ^ rd();
-}
 
 template <class T>
 struct DeviceBuffer {
@@ -48,7 +41,7 @@ struct DeviceBuffer {
 class CacheWriter : public ::testing::TestWithParam<std::tuple<KvFormat, int, DType>> {};
 
 TEST_P(CacheWriter, BitIdenticalToCpuEncoder) {
-  SKIP_WITHOUT_GPU();
+  REQUIRE_GPU();
   const auto [format, rope_dim, src] = GetParam();
   const uint64_t seed = fresh_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
@@ -128,7 +121,7 @@ INSTANTIATE_TEST_SUITE_P(
 class ConvertIndices : public ::testing::TestWithParam<std::tuple<int, int, int, bool>> {};
 
 TEST_P(ConvertIndices, EqualsReference) {
-  SKIP_WITHOUT_GPU();
+  REQUIRE_GPU();
   const auto [K, world, interleave, remap] = GetParam();
   const uint64_t seed = fresh_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
@@ -178,7 +171,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, ConvertIndices,
                                            std::make_tuple(300, 1, 1, true), std::make_tuple(2048, 2, 64, true)));
 
 TEST(FinishEmptyRows, OnlyEmptyRowsTouched) {
-  SKIP_WITHOUT_GPU();
+  REQUIRE_GPU();
   const int64_t T = 70;
   const int H = 3;
   const int64_t sh = 520, st = H * sh + 8;

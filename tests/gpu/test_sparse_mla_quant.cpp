@@ -10,6 +10,8 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include "../common/gpu_test.h"
+
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -35,23 +37,8 @@ using smla::DType;
 using smla::KvFormat;
 using smla::LseMode;
 using smla::testing::ProblemSpec;
+using smla::test::fresh_seed;
 namespace k = smla::cuda::sm90::sparse_mla;
-
-uint64_t fresh_seed() {
-  std::random_device rd;
-  return (uint64_t(rd()) << 32) ^ rd();
-}
-
-bool have_sm90() {
-  if (smla::cuda::device_count() == 0) return false;
-  const auto d = smla::cuda::device_info(0);
-  return d.cc_major == 9 && d.cc_minor == 0;
-}
-
-#define REQUIRE_GPU()                                                                   \
-  do {                                                                                  \
-    if (!have_sm90()) GTEST_SKIP() << "no SM90 CUDA device: GPU tests need an H100/H200"; \
-  } while (0)
 
 // ---- host: dequant.h against numeric.h / decode_row ---------------------------------------------
 

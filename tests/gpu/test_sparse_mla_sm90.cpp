@@ -4,6 +4,8 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include "../common/gpu_test.h"
+
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -22,22 +24,7 @@ using smla::DType;
 using smla::KvFormat;
 using smla::LseMode;
 using smla::testing::ProblemSpec;
-
-uint64_t fresh_seed() {
-  std::random_device rd;
-  return (uint64_t(rd()) << 32) ^ rd();
-}
-
-bool have_sm90() {
-  if (smla::cuda::device_count() == 0) return false;
-  const auto d = smla::cuda::device_info(0);
-  return d.cc_major == 9 && d.cc_minor == 0;
-}
-
-#define REQUIRE_GPU()                                                                   \
-  do {                                                                                  \
-    if (!have_sm90()) GTEST_SKIP() << "no SM90 CUDA device: GPU tests need an H100/H200"; \
-  } while (0)
+using smla::test::fresh_seed;
 
 void cuda_ok(cudaError_t e, const char* what) { ASSERT_EQ(e, cudaSuccess) << what << ": " << cudaGetErrorString(e); }
 
