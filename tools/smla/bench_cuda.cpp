@@ -205,9 +205,12 @@ int bench_cuda(const Args& a) {
       Geometry g = geometry_of(p);
       const int splits = choose_num_splits(T, int((H + 63) / 64), K, dev.num_sms);
       const char* env = std::getenv("SMLA_SM90_KERNEL");  // the launcher's variant switch
-      const bool mma64 = env != nullptr && std::string(env) == "mma";
-      const bool wgmma = !mma64 && !format_is_quantized(fmt);  // quantized formats: mma.sync only
-      const std::string variant = H <= 16 ? "/h16.mma" : H <= 32 ? "/h32.mma" : wgmma ? "/h64.wgmma" : "/h64.mma";
+      const std::string pick = env == nullptr ? "" : env;
+      // Quantized formats: mma.sync only; 16-bit: warp-specialized unless asked otherwise.
+      const std::string v64 = format_is_quantized(fmt) || pick == "mma" ? "/h64.mma"
+                              : pick == "wgmma"                         ? "/h64.wgmma"
+                                                                        : "/h64.ws";
+      const std::string variant = H <= 16 ? "/h16.mma" : H <= 32 ? "/h32.mma" : v64;
       r.kernel = cuda_kernel_name(g) + variant + (splits > 1 ? "/split" + std::to_string(splits) : "");
       r.format = std::string(to_string(fmt));
       r.T = T, r.H = H, r.K = K, r.D = D, r.row_bytes = rb;

@@ -118,11 +118,41 @@ struct WgmmaConfig {
   static constexpr int kBlockBytesKV = kBlockK * kAtomBytes;   // 8 KiB between dim blocks of K/V
 };
 
+// The warp-specialized variant (head tile 64, kernel_ws.cuh): a producer warpgroup gathers rows
+// with cp.async into two tile buffers; consumer warpgroup w scores buffer w (S = Q K^T over the
+// whole 64 x 64 tile) and owns output dims [256 w, 256 w + 256) of both tiles, with its own P from
+// registers and the other warpgroup's P from shared memory. Each buffer is released in two halves
+// (dim blocks 0-3 and 4-8), so the producer refills one half while the other is still read.
+struct WsConfig {
+  static constexpr int kHeadTile = 64;
+  static constexpr int kThreads = 3 * 128;
+  static constexpr int kConsumerRegs = 216;  // setmaxnreg: 2 x 128 x 216 + 128 x 72 <= 65536
+  static constexpr int kProducerRegs = 72;
+  static constexpr int kDimBlocks = kMaxDim / 64;
+  static constexpr int kAtomBytes = 64 * 2;
+  static constexpr int kBlockBytes = 64 * kAtomBytes;  // one (64 rows, 64 dims) swizzled block: 8 KiB
+  struct SharedStorage {
+    alignas(1024) uint16_t q[kDimBlocks][64 * 64];       // (9, 64 heads, 64)
+    alignas(1024) uint16_t kv[2][kDimBlocks][64 * 64];   // buffer w: the tile scored by consumer w
+    alignas(1024) uint16_t p1[64 * 64];                  // consumer 1's P; consumer 0's P overlays
+                                                         // kv[0][8] (the RoPE block, read only by S)
+    float m_share[64];                                   // row maxima handed between the consumers
+    float l_part[2][64];                                 // row sums at the end
+    uint64_t full[2][2];                                 // [buffer][half] rows landed
+    uint64_t empty[2][2];                                // [buffer][half] consumers done with it
+  };
+  static constexpr size_t kSmemBytes = sizeof(SharedStorage);
+};
+
 inline constexpr size_t kSmemLimit = 227 * 1024;  // SM90 opt-in per-block limit
 static_assert(WgmmaConfig::kSmemBytes <= kSmemLimit, "wgmma variant: shared memory over 227 KiB");
 static_assert(offsetof(WgmmaConfig::SharedStorage, kv) % 1024 == 0 &&
                   offsetof(WgmmaConfig::SharedStorage, p) % 1024 == 0,
               "wgmma operands must start on 1024-byte swizzle atoms");
+static_assert(WsConfig::kSmemBytes <= kSmemLimit, "warp-specialized variant: shared memory over 227 KiB");
+static_assert(offsetof(WsConfig::SharedStorage, kv) % 1024 == 0 && offsetof(WsConfig::SharedStorage, p1) % 1024 == 0,
+              "warp-specialized operands must start on 1024-byte swizzle atoms");
+static_assert(2 * 128 * WsConfig::kConsumerRegs + 128 * WsConfig::kProducerRegs <= 65536, "register file");
 static_assert(Config<1>::kSmemBytes <= kSmemLimit, "head tile 16: shared memory over 227 KiB");
 static_assert(Config<2>::kSmemBytes <= kSmemLimit, "head tile 32: shared memory over 227 KiB");
 static_assert(Config<4>::kSmemBytes <= kSmemLimit, "head tile 64: shared memory over 227 KiB");

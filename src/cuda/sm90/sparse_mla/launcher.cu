@@ -51,12 +51,15 @@ int num_splits_for(const SparseMlaParams& p, int num_sms) {
   return choose_num_splits(p.num_tokens, k::head_groups_for(p.num_heads), p.topk, num_sms);
 }
 
-// 64-head tiles run on the wgmma variant unless SMLA_SM90_KERNEL=mma asks for the mma.sync one
-// (kept for comparison and as a fallback).
-bool use_wgmma() {
-  static const bool v = [] {
+// Which kernel runs 64-head tiles of 16-bit caches: the warp-specialized one by default;
+// SMLA_SM90_KERNEL=wgmma (the v5 two-warpgroup kernel) or =mma (mma.sync) for A/B runs and as
+// fallbacks.
+enum class Tile64 { kWs, kWgmma, kMma };
+Tile64 tile64_kernel() {
+  static const Tile64 v = [] {
     const char* e = std::getenv("SMLA_SM90_KERNEL");
-    return e == nullptr || std::string(e) != "mma";
+    const std::string s = e == nullptr ? "" : e;
+    return s == "mma" ? Tile64::kMma : s == "wgmma" ? Tile64::kWgmma : Tile64::kWs;
   }();
   return v;
 }
@@ -165,12 +168,14 @@ void sparse_mla(const SparseMlaParams& p, void* workspace, size_t workspace_byte
   else if (fp16) {
     if (tile == 16) k::launch_main<ptx::Fp16, 1>(kp, s);
     else if (tile == 32) k::launch_main<ptx::Fp16, 2>(kp, s);
-    else if (use_wgmma()) k::launch_wgmma<ptx::Fp16>(kp, s);
+    else if (tile64_kernel() == Tile64::kWs) k::launch_ws<ptx::Fp16>(kp, s);
+    else if (tile64_kernel() == Tile64::kWgmma) k::launch_wgmma<ptx::Fp16>(kp, s);
     else k::launch_main<ptx::Fp16, 4>(kp, s);
   } else {
     if (tile == 16) k::launch_main<ptx::Bf16, 1>(kp, s);
     else if (tile == 32) k::launch_main<ptx::Bf16, 2>(kp, s);
-    else if (use_wgmma()) k::launch_wgmma<ptx::Bf16>(kp, s);
+    else if (tile64_kernel() == Tile64::kWs) k::launch_ws<ptx::Bf16>(kp, s);
+    else if (tile64_kernel() == Tile64::kWgmma) k::launch_wgmma<ptx::Bf16>(kp, s);
     else k::launch_main<ptx::Bf16, 4>(kp, s);
   }
   cudaError_t e = cudaGetLastError();

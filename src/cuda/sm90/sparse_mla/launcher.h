@@ -15,6 +15,8 @@ void launch_main(const KernelParams& p, cudaStream_t stream);
 template <typename Elem>
 void launch_wgmma(const KernelParams& p, cudaStream_t stream);  // head tile 64 only
 template <typename Elem>
+void launch_ws(const KernelParams& p, cudaStream_t stream);  // head tile 64, warp-specialized
+template <typename Elem>
 void launch_combine(const KernelParams& p, cudaStream_t stream);
 
 }  // namespace smla::cuda::sm90::sparse_mla
