@@ -19,10 +19,13 @@ set(SMLA_CUDA_SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/sm90/sparse_mla/fp8_e4m3_h16.cu
   ${CMAKE_CURRENT_LIST_DIR}/sm90/sparse_mla/fp8_e4m3_h32.cu
   ${CMAKE_CURRENT_LIST_DIR}/sm90/sparse_mla/fp8_e4m3_h64.cu
+  ${CMAKE_CURRENT_LIST_DIR}/sm90/sparse_mla/fp8_e4m3_h64_ws.cu
   ${CMAKE_CURRENT_LIST_DIR}/sm90/sparse_mla/fp8_ds_mla_h16.cu
   ${CMAKE_CURRENT_LIST_DIR}/sm90/sparse_mla/fp8_ds_mla_h32.cu
   ${CMAKE_CURRENT_LIST_DIR}/sm90/sparse_mla/fp8_ds_mla_h64.cu
+  ${CMAKE_CURRENT_LIST_DIR}/sm90/sparse_mla/fp8_ds_mla_h64_ws.cu
   ${CMAKE_CURRENT_LIST_DIR}/sm90/sparse_mla/nvfp4_ds_mla_h16.cu
   ${CMAKE_CURRENT_LIST_DIR}/sm90/sparse_mla/nvfp4_ds_mla_h32.cu
   ${CMAKE_CURRENT_LIST_DIR}/sm90/sparse_mla/nvfp4_ds_mla_h64.cu
+  ${CMAKE_CURRENT_LIST_DIR}/sm90/sparse_mla/nvfp4_ds_mla_h64_ws.cu
 )

@@ -207,10 +207,14 @@ int bench_cuda(const Args& a) {
       const char* env = std::getenv("SMLA_SM90_KERNEL");  // the launcher's variant switch
       const std::string pick = env == nullptr ? "" : env;
       // Quantized formats: mma.sync only; 16-bit: warp-specialized unless asked otherwise.
-      const std::string v64 = format_is_quantized(fmt) || pick == "mma" ? "/h64.mma"
-                              : pick == "wgmma"                         ? "/h64.wgmma"
-                                                                        : "/h64.ws";
-      const std::string variant = H <= 16 ? "/h16.mma" : H <= 32 ? "/h32.mma" : v64;
+      const char* quant = std::getenv("SMLA_SM90_QUANT");  // =ws: quantized on the warp-specialized kernel
+      const bool quant_ws = quant != nullptr && std::string(quant) == "ws";
+      const std::string v64 = pick == "mma" || (format_is_quantized(fmt) && (pick == "wgmma" || !quant_ws)) ? "/h64.mma"
+                              : pick == "wgmma"                                               ? "/h64.wgmma"
+                                                                                              : "/h64.ws";
+      const char* small = std::getenv("SMLA_SM90_SMALL_H");  // =mma: H <= 32 on the mma.sync kernel
+      const bool small_ws = (small == nullptr || std::string(small) != "mma") && v64 == "/h64.ws";
+      const std::string variant = small_ws ? v64 : H <= 16 ? "/h16.mma" : H <= 32 ? "/h32.mma" : v64;
       r.kernel = cuda_kernel_name(g) + variant + (splits > 1 ? "/split" + std::to_string(splits) : "");
       r.format = std::string(to_string(fmt));
       r.T = T, r.H = H, r.K = K, r.D = D, r.row_bytes = rb;

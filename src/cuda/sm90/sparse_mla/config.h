@@ -39,6 +39,7 @@ struct KernelParams {
   int64_t num_rows;
 
   bool l2_prefetch;     // bulk-prefetch rows into L2 kL2PrefetchTiles tiles ahead of the gather
+  int l2_prefetch_steps;  // warp-specialized kernel: prefetch the rows of the tile pair this many steps ahead
   const int32_t* idx;  // [T, K] int32, row stride idx_stride_t
   int64_t idx_stride_t;
   const int32_t* counts;  // nullable: [T]
@@ -126,8 +127,9 @@ struct WgmmaConfig {
 struct WsConfig {
   static constexpr int kHeadTile = 64;
   static constexpr int kThreads = 3 * 128;
-  static constexpr int kConsumerRegs = 216;  // setmaxnreg: 2 x 128 x 216 + 128 x 72 <= 65536
+  static constexpr int kConsumerRegs = 216;  // setmaxnreg, see the static_assert below
   static constexpr int kProducerRegs = 72;
+  static constexpr int kLaunchRegs = 168;  // what ptxas allocates per thread for 384 threads (65536 / 384, rounded down to 8)
   static constexpr int kDimBlocks = kMaxDim / 64;
   static constexpr int kAtomBytes = 64 * 2;
   static constexpr int kBlockBytes = 64 * kAtomBytes;  // one (64 rows, 64 dims) swizzled block: 8 KiB
@@ -152,7 +154,11 @@ static_assert(offsetof(WgmmaConfig::SharedStorage, kv) % 1024 == 0 &&
 static_assert(WsConfig::kSmemBytes <= kSmemLimit, "warp-specialized variant: shared memory over 227 KiB");
 static_assert(offsetof(WsConfig::SharedStorage, kv) % 1024 == 0 && offsetof(WsConfig::SharedStorage, p1) % 1024 == 0,
               "warp-specialized operands must start on 1024-byte swizzle atoms");
-static_assert(2 * 128 * WsConfig::kConsumerRegs + 128 * WsConfig::kProducerRegs <= 65536, "register file");
+// setmaxnreg.inc only takes registers that setmaxnreg.dec gave back inside the block: the
+// consumers' growth must fit in what the producer releases, or they wait forever (a hang, not
+// an error: measured on the H200 with 216 / 80).
+static_assert(2 * (WsConfig::kConsumerRegs - WsConfig::kLaunchRegs) <= WsConfig::kLaunchRegs - WsConfig::kProducerRegs,
+              "warp-specialized kernel: consumer registers exceed what the producer releases");
 static_assert(Config<1>::kSmemBytes <= kSmemLimit, "head tile 16: shared memory over 227 KiB");
 static_assert(Config<2>::kSmemBytes <= kSmemLimit, "head tile 32: shared memory over 227 KiB");
 static_assert(Config<4>::kSmemBytes <= kSmemLimit, "head tile 64: shared memory over 227 KiB");

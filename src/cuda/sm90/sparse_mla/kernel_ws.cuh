@@ -22,6 +22,7 @@
 
 #include <type_traits>
 
+#include "cuda/sm90/sparse_mla/dequant.h"
 #include "cuda/sm90/sparse_mla/kernel.cuh"
 
 namespace smla::cuda::sm90::sparse_mla {
@@ -72,13 +73,18 @@ __device__ __forceinline__ void ws_produce(const KernelParams& p, WsConfig::Shar
         off[b][i] = (row >= 0 && row < p.num_rows) ? int64_t(row) * p.kv_row_stride_bytes : int64_t(-1);
       }
   };
-  auto prefetch = [&]() {
-    if (!p.l2_prefetch || c != 0) return;
+  // L2 bulk prefetch of a step's rows (one thread per row), l2_prefetch_steps ahead of its gather.
+  auto prefetch = [&](int step) {
+    if (!p.l2_prefetch || c != 0 || step >= w.num_steps) return;
 #pragma unroll
     for (int b = 0; b < 2; ++b)
 #pragma unroll
-      for (int i = 0; i < 4; ++i)
-        if (off[b][i] >= 0) ptx::prefetch_l2_bulk(p.kv + off[b][i], uint32_t(p.row_chunks * 16));
+      for (int i = 0; i < 4; ++i) {
+        const int e = w.begin + (2 * step + b) * kBlockK + grp + 16 * i;
+        const int row = e < w.end ? __ldg(w.idx_row + e) : -1;
+        if (row >= 0 && row < p.num_rows)
+          ptx::prefetch_l2_bulk(p.kv + int64_t(row) * p.kv_row_stride_bytes, uint32_t(p.row_chunks * 16));
+      }
   };
   // Dim blocks [kBlk0, kBlk1) of buffer kB's rows.
   auto copy = [&](auto kb, auto kblk0, auto kblk1) {
@@ -102,6 +108,7 @@ __device__ __forceinline__ void ws_produce(const KernelParams& p, WsConfig::Shar
   using I9 = std::integral_constant<int, 9>;
   uint32_t phase = 0;
   if (w.num_steps > 0) load_ids(0);
+  for (int step = 1; step < p.l2_prefetch_steps; ++step) prefetch(step);
   for (int step = 0; step < w.num_steps; ++step) {
     ptx::mbar_wait(ws_bar(s.empty[0][0]), phase ^ 1);
     copy(I0{}, I0{}, I4{});
@@ -115,12 +122,196 @@ __device__ __forceinline__ void ws_produce(const KernelParams& p, WsConfig::Shar
     ptx::mbar_wait(ws_bar(s.empty[1][0]), phase ^ 1);
     copy(I1{}, I0{}, I4{});
     ptx::cp_async_mbar_arrive(ws_bar(s.full[1][0]));
-    // The next step's rows: ids and L2 prefetch now, cp.async once their buffers free up.
-    if (step + 1 < w.num_steps) {
-      load_ids(step + 1);
-      prefetch();
-    }
+    // The next step's row ids now (cp.async once their buffers free up); L2 prefetch ahead.
+    if (step + 1 < w.num_steps) load_ids(step + 1);
+    prefetch(step + p.l2_prefetch_steps);
     phase ^= 1;
+  }
+}
+
+// Producer for the quantized formats. Each half of a buffer is gathered raw with cp.async into a
+// staging area inside that half (StageLayout below), then dequantized in place: every producer
+// thread reads its raw bytes into registers, the producer warpgroup syncs (kBarProducer), and
+// the bf16 chunks are written to their swizzled places. While one half is dequantized the next
+// one is already in flight when its buffer is free (one half of look-ahead).
+namespace ws {
+inline constexpr uint32_t kBarProducer = 6;
+// Raw bytes of half h (0: dims 0-255, 1: dims 256-511 and the RoPE block) staged as segment 0
+// then segment 1, `bytes` per row, rows 'bytes' apart from dim block `block` of the half's buffer.
+struct StageHalf {
+  int block, bytes, off0, len0, off1;  // segment 1 = [off1, off1 + bytes - len0)
+};
+template <RowFormat kRow>
+struct StageLayout;
+template <>
+struct StageLayout<RowFormat::kFp8E4M3> {  // [0,512) e4m3 latent, [512,576) e4m3 RoPE
+  static constexpr StageHalf h[2] = {{2, 256, 0, 256, 0}, {6, 320, 256, 320, 0}};
+};
+template <>
+struct StageLayout<RowFormat::kFp8DsMla> {  // [0,512) e4m3, [512,528) 4 fp32 scales, [528,656) bf16 RoPE
+  static constexpr StageHalf h[2] = {{1, 272, 0, 256, 512}, {5, 272, 256, 256, 512}};
+};
+template <>
+struct StageLayout<RowFormat::kNvFp4DsMla> {  // [0,256) e2m1, [256,320) e4m3 RoPE, [320,352) e4m3 scales
+  static constexpr StageHalf h[2] = {{2, 160, 0, 128, 320}, {6, 224, 128, 224, 0}};
+};
+}  // namespace ws
+
+template <RowFormat kRow>
+__device__ __forceinline__ void ws_produce_quant(const KernelParams& p, WsConfig::SharedStorage& s, const WsBlock& w,
+                                                 int wt) {
+  using Cfg = WsConfig;
+  using L = ws::StageLayout<kRow>;
+  const int c = wt & 7, grp = wt >> 3;
+  const uint32_t kv_base0 = ptx::smem_addr(s.kv[0]), kv_base1 = ptx::smem_addr(s.kv[1]);
+  const bool rope = p.k_steps > kLatent / 16;
+  const int row_bytes = p.raw_chunks * 16;  // bytes of a stored row the kernel may read
+  int64_t off[2][4];                        // byte offsets of this thread's rows (-1: masked)
+  auto load_ids = [&](int step) {
+#pragma unroll
+    for (int b = 0; b < 2; ++b)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int e = w.begin + (2 * step + b) * kBlockK + grp + 16 * i;
+        const int row = e < w.end ? __ldg(w.idx_row + e) : -1;
+        off[b][i] = (row >= 0 && row < p.num_rows) ? int64_t(row) * p.kv_row_stride_bytes : int64_t(-1);
+      }
+  };
+  // cp.async of half kH of buffer kB (one commit group).
+  auto issue = [&](auto kb, auto kh) {
+    constexpr int kB = decltype(kb)::value, kH = decltype(kh)::value;
+    constexpr ws::StageHalf st = L::h[kH];
+    const uint32_t base = kB == 0 ? kv_base0 : kv_base1;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int r = grp + 16 * i;
+      const bool ok = off[kB][i] >= 0;
+      const uint8_t* row = ok ? p.kv + off[kB][i] : reinterpret_cast<const uint8_t*>(p.idx);
+      const uint32_t dst = base + uint32_t(st.block * Cfg::kBlockBytes + r * st.bytes);
+#pragma unroll
+      for (int k = c; k < st.bytes / 16; k += 8) {
+        const int src_off = 16 * k < st.len0 ? st.off0 + 16 * k : st.off1 + 16 * k - st.len0;
+        const bool valid = ok && src_off < row_bytes;
+        ptx::cp_async_16_zfill(dst + uint32_t(16 * k), valid ? row + src_off : row, valid);
+      }
+      if constexpr (kRow == RowFormat::kFp8DsMla && kH == 1) {  // bf16 RoPE: straight to block 8
+        const bool valid = ok && rope;
+        ptx::cp_async_16_zfill(base + uint32_t(8 * Cfg::kBlockBytes + r * Cfg::kAtomBytes + ((c ^ (r & 7)) << 4)),
+                               valid ? row + 528 + 16 * c : row, valid);
+      }
+    }
+    ptx::cp_async_commit();
+  };
+  // Dequantize half kH of buffer kB once its copies landed (kPending groups issued after it).
+  auto convert = [&](auto kb, auto kh, auto kpending) {
+    constexpr int kB = decltype(kb)::value, kH = decltype(kh)::value;
+    constexpr ws::StageHalf st = L::h[kH];
+    constexpr int kBlk0 = kH == 0 ? 0 : 4;
+    constexpr int kNb = kH == 0 ? 4 : (kRow == RowFormat::kFp8DsMla ? 4 : 5);  // ds_mla RoPE is in place
+    ptx::cp_async_wait<decltype(kpending)::value>();
+    ptx::named_sync(ws::kBarProducer, 128);
+    const uint8_t* stage = reinterpret_cast<const uint8_t*>(s.kv[kB][st.block]);
+    uint32_t lo[4][kNb], hi[4][kNb];  // raw bytes of chunk (row i, block kBlk0 + j)
+    float sc[4][kNb];                 // its scale (fp8_ds_mla tile scale, nvfp4 block scale)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint8_t* sr = stage + (grp + 16 * i) * st.bytes;
+#pragma unroll
+      for (int j = 0; j < kNb; ++j) {
+        const int blk = kBlk0 + j;
+        if constexpr (kRow == RowFormat::kFp8E4M3) {
+          dq::ld_u32x2(sr + (blk - kBlk0) * 64 + c * 8, lo[i][j], hi[i][j]);
+          sc[i][j] = 1.0f;
+        } else if constexpr (kRow == RowFormat::kFp8DsMla) {
+          dq::ld_u32x2(sr + (blk - kBlk0) * 64 + c * 8, lo[i][j], hi[i][j]);
+          sc[i][j] = num::bits_f32(dq::ld_u32(sr + 256 + 4 * (blk >> 1)));
+        } else {
+          if (blk < 8) {
+            const int ch = blk * 8 + c;  // latent chunk: bytes 4 ch .. 4 ch + 3 of the row
+            lo[i][j] = dq::ld_u32(sr + 4 * ch - (kH == 0 ? 0 : 128));
+            hi[i][j] = 0;
+            const int scale_at = num::nvfp4_scale_offset(ch >> 1);
+            sc[i][j] = dq::e4m3_f32(sr[kH == 0 ? scale_at - 320 + 128 : scale_at - 128]);
+          } else {
+            dq::ld_u32x2(sr + 128 + 8 * c, lo[i][j], hi[i][j]);  // RoPE, e4m3 unscaled
+            sc[i][j] = 1.0f;
+          }
+        }
+      }
+    }
+    ptx::named_sync(ws::kBarProducer, 128);  // every raw byte read before any is overwritten
+    const uint32_t base = (kB == 0 ? kv_base0 : kv_base1) + uint32_t(grp * Cfg::kAtomBytes + ((c ^ (grp & 7)) << 4));
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int j = 0; j < kNb; ++j) {
+        const int blk = kBlk0 + j;
+        dq::Chunk v;
+        if constexpr (kRow == RowFormat::kFp8E4M3) v = dq::e4m3x8(lo[i][j], hi[i][j]);
+        else if constexpr (kRow == RowFormat::kFp8DsMla) v = dq::e4m3x8_scaled(lo[i][j], hi[i][j], sc[i][j]);
+        else v = blk < 8 ? dq::e2m1x8_scaled(lo[i][j], sc[i][j]) : dq::e4m3x8(lo[i][j], hi[i][j]);
+        if (blk == 8 && !rope) v = dq::Chunk{{0u, 0u, 0u, 0u}};
+        const uint32_t dst = base + uint32_t(blk * Cfg::kBlockBytes + 16 * i * Cfg::kAtomBytes);
+        asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst), "r"(v.w[0]), "r"(v.w[1]), "r"(v.w[2]),
+                     "r"(v.w[3])
+                     : "memory");
+      }
+    ptx::fence_proxy_async_smem();
+    ptx::mbar_arrive(ws_bar(s.full[kB][kH]));
+  };
+
+  using I0 = std::integral_constant<int, 0>;
+  using I1 = std::integral_constant<int, 1>;
+  // Halves in order: (buffer 0, dims 0-3), (1, 4-8), (0, 4-8), (1, 0-3) per step, as the
+  // consumers release them. Half q is issued, then half q - 1 dequantized.
+  const int num_halves = 4 * w.num_steps;
+  auto wait_empty = [&](int q) {
+    const int j = q & 3;
+    const int b = j & 1, h = (j == 1 || j == 2) ? 1 : 0;
+    ptx::mbar_wait(ws_bar(s.empty[b][h]), ((q >> 2) & 1) ^ 1);
+  };
+  auto issue_q = [&](int q) {
+    switch (q & 3) {
+      case 0: load_ids(q >> 2); issue(I0{}, I0{}); break;
+      case 1: issue(I1{}, I1{}); break;
+      case 2: issue(I0{}, I1{}); break;
+      default: issue(I1{}, I0{}); break;
+    }
+  };
+  auto convert_q = [&](int q, bool next_issued) {
+    switch (q & 3) {
+      case 0: next_issued ? convert(I0{}, I0{}, I1{}) : convert(I0{}, I0{}, I0{}); break;
+      case 1: next_issued ? convert(I1{}, I1{}, I1{}) : convert(I1{}, I1{}, I0{}); break;
+      case 2: next_issued ? convert(I0{}, I1{}, I1{}) : convert(I0{}, I1{}, I0{}); break;
+      default: next_issued ? convert(I1{}, I0{}, I1{}) : convert(I1{}, I0{}, I0{}); break;
+    }
+  };
+  if (num_halves > 0) {
+    wait_empty(0);
+    issue_q(0);
+  }
+  for (int q = 0; q < num_halves; ++q) {
+    // Issue the next half first when its buffer is free already; never wait for it here: the
+    // consumers may need this half before they free the next one.
+    bool next_issued = false;
+    if (q + 1 < num_halves) {
+      const int j = (q + 1) & 3;
+      const int b = j & 1, h = (j == 1 || j == 2) ? 1 : 0;
+      // Lane 0 decides for its warp: the convert() instantiations have their own (aligned)
+      // bar.sync instructions, which all lanes of a warp must reach together. Warps may differ:
+      // each thread's cp.async groups and waits are its own.
+      int free_now = 0;
+      if ((wt & 31) == 0) free_now = ptx::mbar_test(ws_bar(s.empty[b][h]), (((q + 1) >> 2) & 1) ^ 1);
+      if (__shfl_sync(0xffffffffu, free_now, 0) != 0) {
+        issue_q(q + 1);
+        next_issued = true;
+      }
+    }
+    convert_q(q, next_issued);
+    if (q + 1 < num_halves && !next_issued) {
+      wait_empty(q + 1);
+      issue_q(q + 1);
+    }
   }
 }
 
@@ -456,7 +647,7 @@ __device__ __forceinline__ void ws_consume(const KernelParams& p, WsConfig::Shar
     if (p.num_splits == 1) {
       float denom = l;
       if (p.sink != nullptr && l > 0.0f) denom += exp2f(p.sink[h] * kLog2e - m);
-      const float inv = l > 0.0f ? 1.0f / denom : 0.0f;
+      const float inv = l > 0.0f ? p.out_scale / denom : 0.0f;
       auto* out = static_cast<uint16_t*>(p.out) + w.t * p.out_stride_t + int64_t(h) * p.out_stride_h + d0;
 #pragma unroll
       for (int j = 0; j < 32; ++j) {
@@ -472,7 +663,7 @@ __device__ __forceinline__ void ws_consume(const KernelParams& p, WsConfig::Shar
         p.lse[w.t * p.lse_stride_t + h] = p.lse_base2 ? lse_e * kLog2e : lse_e;
     } else {
       const int64_t part = (w.t * p.num_heads + h) * p.num_splits + w.split;
-      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+      const float inv = l > 0.0f ? p.out_scale / l : 0.0f;
       float* po = p.part_out + part * kLatent + d0;
 #pragma unroll
       for (int j = 0; j < 32; ++j)
@@ -482,7 +673,7 @@ __device__ __forceinline__ void ws_consume(const KernelParams& p, WsConfig::Shar
   }
 }
 
-template <typename Elem>
+template <typename Elem, RowFormat kRow>
 __global__ void __launch_bounds__(WsConfig::kThreads, 1) sparse_mla_ws_kernel(const __grid_constant__ KernelParams p) {
   using Cfg = WsConfig;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -515,7 +706,8 @@ __global__ void __launch_bounds__(WsConfig::kThreads, 1) sparse_mla_ws_kernel(co
   const int wg = threadIdx.x / 128, wt = threadIdx.x % 128;
   if (wg == 2) {
     ptx::setmaxnreg_dec<Cfg::kProducerRegs>();
-    ws_produce(p, s, w, wt);
+    if constexpr (kRow == RowFormat::kNative16) ws_produce(p, s, w, wt);
+    else ws_produce_quant<kRow>(p, s, w, wt);
   } else {
     ptx::setmaxnreg_inc<Cfg::kConsumerRegs>();
     if (wg == 0) ws_consume<Elem, 0>(p, s, w, wt);
@@ -523,10 +715,10 @@ __global__ void __launch_bounds__(WsConfig::kThreads, 1) sparse_mla_ws_kernel(co
   }
 }
 
-template <typename Elem>
+template <typename Elem, RowFormat kRow>
 void launch_ws(const KernelParams& p, cudaStream_t stream) {
   using Cfg = WsConfig;
-  auto* kernel = sparse_mla_ws_kernel<Elem>;
+  auto* kernel = sparse_mla_ws_kernel<Elem, kRow>;
   static std::atomic<uint64_t> attribute_set{0};
   int dev = 0;
   cudaGetDevice(&dev);

@@ -2,6 +2,7 @@
 // and the one compile-time dispatch (cache format x element type x head tile).
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 
@@ -64,11 +65,32 @@ Tile64 tile64_kernel() {
   return v;
 }
 
-// L2 bulk prefetch of rows ahead of the gather; SMLA_SM90_L2_PREFETCH=0 turns it off (A/B runs).
-bool use_l2_prefetch() {
-  static const bool v = [] {
+// L2 bulk prefetch of rows ahead of the gather (A/B runs: SMLA_SM90_L2_PREFETCH=0 off, =N on,
+// N tile pairs ahead in the warp-specialized kernel). Default: on for the mma.sync kernel, off
+// for the warp-specialized one (it measured slower with it: docs/perf-notes.md, v6).
+int l2_prefetch_env() {
+  static const int v = [] {
     const char* e = std::getenv("SMLA_SM90_L2_PREFETCH");
-    return e == nullptr || std::string(e) != "0";
+    return e == nullptr ? -1 : std::max(0, std::atoi(e));
+  }();
+  return v;
+}
+
+// 16-bit caches with H <= 32 run on the warp-specialized 64-head kernel (heads zero-padded; it
+// is memory-bound there and reads each row once either way); SMLA_SM90_SMALL_H=mma keeps them on
+// the mma.sync kernel with 16- and 32-head tiles.
+bool small_h_on_ws() {
+  static const bool v = [] {
+    const char* e = std::getenv("SMLA_SM90_SMALL_H");
+    return e == nullptr || std::string(e) != "mma";
+  }();
+  return v;
+}
+
+bool quant_on_ws() {
+  static const bool v = [] {
+    const char* e = std::getenv("SMLA_SM90_QUANT");
+    return e != nullptr && std::string(e) == "ws";
   }();
   return v;
 }
@@ -138,7 +160,15 @@ void sparse_mla(const SparseMlaParams& p, void* workspace, size_t workspace_byte
   kp.kv = static_cast<const uint8_t*>(p.kv);
   kp.kv_row_stride_bytes = p.kv_row_stride_bytes;
   kp.num_rows = p.num_rows;
-  kp.l2_prefetch = use_l2_prefetch();
+  // The warp-specialized kernel takes 16-bit caches; quantized caches only with
+  // SMLA_SM90_QUANT=ws (its producer warpgroup dequantizes, slower than the mma.sync kernel so
+  // far: docs/perf-notes.md, v6), and never with an e4m3 q (the mma.sync kernel widens it on load).
+  const bool ws = tile64_kernel() == Tile64::kWs && p.q_dtype != DType::kE4M3 &&
+                  (row_format_of(p.format) == k::RowFormat::kNative16 || quant_on_ws()) &&
+                  (p.num_heads > 32 || small_h_on_ws());
+  const int prefetch = l2_prefetch_env();
+  kp.l2_prefetch = prefetch < 0 ? !ws : prefetch > 0;
+  kp.l2_prefetch_steps = prefetch < 0 ? 0 : prefetch;
   kp.idx = p.idx;
   kp.idx_stride_t = p.idx_stride_t;
   kp.counts = p.counts;
@@ -160,11 +190,18 @@ void sparse_mla(const SparseMlaParams& p, void* workspace, size_t workspace_byte
 
   auto s = static_cast<cudaStream_t>(stream);
   const bool fp16 = p.q_dtype == DType::kFP16;
-  const int tile = k::head_tile_for(p.num_heads);
+  const int tile = ws ? 64 : k::head_tile_for(p.num_heads);
   // The one switch from runtime values to template arguments.
-  if (row_format == k::RowFormat::kFp8E4M3) launch_quantized<k::RowFormat::kFp8E4M3>(tile, kp, s);
-  else if (row_format == k::RowFormat::kFp8DsMla) launch_quantized<k::RowFormat::kFp8DsMla>(tile, kp, s);
-  else if (row_format == k::RowFormat::kNvFp4DsMla) launch_quantized<k::RowFormat::kNvFp4DsMla>(tile, kp, s);
+  if (row_format == k::RowFormat::kFp8E4M3) {
+    if (ws) k::launch_ws<ptx::Bf16, k::RowFormat::kFp8E4M3>(kp, s);
+    else launch_quantized<k::RowFormat::kFp8E4M3>(tile, kp, s);
+  } else if (row_format == k::RowFormat::kFp8DsMla) {
+    if (ws) k::launch_ws<ptx::Bf16, k::RowFormat::kFp8DsMla>(kp, s);
+    else launch_quantized<k::RowFormat::kFp8DsMla>(tile, kp, s);
+  } else if (row_format == k::RowFormat::kNvFp4DsMla) {
+    if (ws) k::launch_ws<ptx::Bf16, k::RowFormat::kNvFp4DsMla>(kp, s);
+    else launch_quantized<k::RowFormat::kNvFp4DsMla>(tile, kp, s);
+  }
   else if (fp16) {
     if (tile == 16) k::launch_main<ptx::Fp16, 1>(kp, s);
     else if (tile == 32) k::launch_main<ptx::Fp16, 2>(kp, s);

@@ -14,7 +14,7 @@ template <typename Elem, int kMTiles, RowFormat kRow = RowFormat::kNative16>
 void launch_main(const KernelParams& p, cudaStream_t stream);
 template <typename Elem>
 void launch_wgmma(const KernelParams& p, cudaStream_t stream);  // head tile 64 only
-template <typename Elem>
+template <typename Elem, RowFormat kRow = RowFormat::kNative16>
 void launch_ws(const KernelParams& p, cudaStream_t stream);  // head tile 64, warp-specialized
 template <typename Elem>
 void launch_combine(const KernelParams& p, cudaStream_t stream);

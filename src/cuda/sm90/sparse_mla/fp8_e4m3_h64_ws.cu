@@ -1,0 +1,6 @@
+// Instantiation: fp8_e4m3 cache (dequantized to bf16 by the producer), head tile 64, warp-specialized.
+#include "cuda/sm90/sparse_mla/kernel_ws.cuh"
+
+namespace smla::cuda::sm90::sparse_mla {
+template void launch_ws<ptx::Bf16, RowFormat::kFp8E4M3>(const KernelParams&, cudaStream_t);
+}  // namespace smla::cuda::sm90::sparse_mla
