@@ -207,8 +207,9 @@ int bench_cuda(const Args& a) {
       const char* env = std::getenv("SMLA_SM90_KERNEL");  // the launcher's variant switch
       const std::string pick = env == nullptr ? "" : env;
       // Quantized formats: mma.sync only; 16-bit: warp-specialized unless asked otherwise.
-      const char* quant = std::getenv("SMLA_SM90_QUANT");  // =ws: quantized on the warp-specialized kernel
-      const bool quant_ws = quant != nullptr && std::string(quant) == "ws";
+      const char* quant = std::getenv("SMLA_SM90_QUANT");  // ws / mma: where quantized formats run
+      const std::string qpick = quant == nullptr ? "" : quant;
+      const bool quant_ws = qpick == "ws" || (qpick != "mma" && fmt != KvFormat::kNvFP4DsMla);
       const std::string v64 = pick == "mma" || (format_is_quantized(fmt) && (pick == "wgmma" || !quant_ws)) ? "/h64.mma"
                               : pick == "wgmma"                                               ? "/h64.wgmma"
                                                                                               : "/h64.ws";

@@ -106,6 +106,35 @@ SMLA_DQ_UNROLL
   return c;
 }
 
+#if defined(__CUDACC__)
+// Device fast paths (hardware cvt, sm_89+): the same values as e4m3x8 / e4m3x8_scaled (e4m3 ->
+// f16 -> f32 is exact; NaN bytes may give a different NaN pattern). Used by the warp-specialized
+// kernel's producer, which dequantizes a whole tile per warpgroup.
+__device__ __forceinline__ void e4m3x4_f32(uint32_t w, float (&f)[4]) {
+  uint32_t h0, h1;
+  asm("{\n.reg .b16 a, b;\nmov.b32 {a, b}, %2;\ncvt.rn.f16x2.e4m3x2 %0, a;\ncvt.rn.f16x2.e4m3x2 %1, b;\n}\n"
+      : "=r"(h0), "=r"(h1)
+      : "r"(w));
+  asm("{\n.reg .b16 a, b, c, d;\nmov.b32 {a, b}, %4;\nmov.b32 {c, d}, %5;\n"
+      "cvt.f32.f16 %0, a;\ncvt.f32.f16 %1, b;\ncvt.f32.f16 %2, c;\ncvt.f32.f16 %3, d;\n}\n"
+      : "=f"(f[0]), "=f"(f[1]), "=f"(f[2]), "=f"(f[3])
+      : "r"(h0), "r"(h1));
+}
+__device__ __forceinline__ Chunk e4m3x8_scaled_fast(uint32_t lo, uint32_t hi, float s) {
+  float a[4], b[4];
+  e4m3x4_f32(lo, a);
+  e4m3x4_f32(hi, b);
+  return Chunk{{pack_bf16x2(a[0] * s, a[1] * s), pack_bf16x2(a[2] * s, a[3] * s), pack_bf16x2(b[0] * s, b[1] * s),
+                pack_bf16x2(b[2] * s, b[3] * s)}};
+}
+__device__ __forceinline__ Chunk e4m3x8_fast(uint32_t lo, uint32_t hi) {
+  float a[4], b[4];
+  e4m3x4_f32(lo, a);
+  e4m3x4_f32(hi, b);
+  return Chunk{{pack_bf16x2(a[0], a[1]), pack_bf16x2(a[2], a[3]), pack_bf16x2(b[0], b[1]), pack_bf16x2(b[2], b[3])}};
+}
+#endif
+
 // Logical 16-byte chunk `ch` (elements 8 ch .. 8 ch + 7 of the bf16 row: ch < 64 latent,
 // 64..71 RoPE) of the raw row at `raw` (16-byte aligned; the bytes a chunk needs only).
 // fp8_e4m3: e4m3 without k_scale (the caller folds it into its scales).

@@ -247,9 +247,9 @@ __device__ __forceinline__ void ws_produce_quant(const KernelParams& p, WsConfig
       for (int j = 0; j < kNb; ++j) {
         const int blk = kBlk0 + j;
         dq::Chunk v;
-        if constexpr (kRow == RowFormat::kFp8E4M3) v = dq::e4m3x8(lo[i][j], hi[i][j]);
-        else if constexpr (kRow == RowFormat::kFp8DsMla) v = dq::e4m3x8_scaled(lo[i][j], hi[i][j], sc[i][j]);
-        else v = blk < 8 ? dq::e2m1x8_scaled(lo[i][j], sc[i][j]) : dq::e4m3x8(lo[i][j], hi[i][j]);
+        if constexpr (kRow == RowFormat::kFp8E4M3) v = dq::e4m3x8_fast(lo[i][j], hi[i][j]);
+        else if constexpr (kRow == RowFormat::kFp8DsMla) v = dq::e4m3x8_scaled_fast(lo[i][j], hi[i][j], sc[i][j]);
+        else v = blk < 8 ? dq::e2m1x8_scaled(lo[i][j], sc[i][j]) : dq::e4m3x8_fast(lo[i][j], hi[i][j]);
         if (blk == 8 && !rope) v = dq::Chunk{{0u, 0u, 0u, 0u}};
         const uint32_t dst = base + uint32_t(blk * Cfg::kBlockBytes + 16 * i * Cfg::kAtomBytes);
         asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst), "r"(v.w[0]), "r"(v.w[1]), "r"(v.w[2]),

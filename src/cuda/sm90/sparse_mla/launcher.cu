@@ -87,12 +87,17 @@ bool small_h_on_ws() {
   return v;
 }
 
-bool quant_on_ws() {
-  static const bool v = [] {
+// Quantized caches on the warp-specialized kernel (its producer warpgroup dequantizes): the fp8
+// formats by default (2.2-3x faster than the mma.sync kernel, docs/perf-notes.md v7); nvfp4_ds_mla
+// stays on the mma.sync kernel, faster there until its e2m1 decode gets a hardware path.
+// SMLA_SM90_QUANT=ws / =mma forces every quantized format onto one of them (A/B runs).
+bool quant_on_ws(KvFormat f) {
+  static const int v = [] {
     const char* e = std::getenv("SMLA_SM90_QUANT");
-    return e != nullptr && std::string(e) == "ws";
+    const std::string s = e == nullptr ? "" : e;
+    return s == "ws" ? 1 : s == "mma" ? 0 : -1;
   }();
-  return v;
+  return v < 0 ? f != KvFormat::kNvFP4DsMla : v == 1;
 }
 
 bool aligned(const void* ptr, int64_t bytes) { return reinterpret_cast<uintptr_t>(ptr) % uint64_t(bytes) == 0; }
@@ -160,11 +165,10 @@ void sparse_mla(const SparseMlaParams& p, void* workspace, size_t workspace_byte
   kp.kv = static_cast<const uint8_t*>(p.kv);
   kp.kv_row_stride_bytes = p.kv_row_stride_bytes;
   kp.num_rows = p.num_rows;
-  // The warp-specialized kernel takes 16-bit caches; quantized caches only with
-  // SMLA_SM90_QUANT=ws (its producer warpgroup dequantizes, slower than the mma.sync kernel so
-  // far: docs/perf-notes.md, v6), and never with an e4m3 q (the mma.sync kernel widens it on load).
+  // The warp-specialized kernel takes 16-bit caches and (quant_on_ws) the fp8 formats, never an
+  // e4m3 q (the mma.sync kernel widens it on load).
   const bool ws = tile64_kernel() == Tile64::kWs && p.q_dtype != DType::kE4M3 &&
-                  (row_format_of(p.format) == k::RowFormat::kNative16 || quant_on_ws()) &&
+                  (row_format_of(p.format) == k::RowFormat::kNative16 || quant_on_ws(p.format)) &&
                   (p.num_heads > 32 || small_h_on_ws());
   const int prefetch = l2_prefetch_env();
   kp.l2_prefetch = prefetch < 0 ? !ws : prefetch > 0;
