@@ -11,8 +11,6 @@ set(SMLA_CUDA_SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/sm90/sparse_mla/fp16_h16.cu
   ${CMAKE_CURRENT_LIST_DIR}/sm90/sparse_mla/fp16_h32.cu
   ${CMAKE_CURRENT_LIST_DIR}/sm90/sparse_mla/fp16_h64.cu
-  ${CMAKE_CURRENT_LIST_DIR}/sm90/sparse_mla/bf16_h64_wgmma.cu
-  ${CMAKE_CURRENT_LIST_DIR}/sm90/sparse_mla/fp16_h64_wgmma.cu
   ${CMAKE_CURRENT_LIST_DIR}/sm90/sparse_mla/bf16_h64_ws.cu
   ${CMAKE_CURRENT_LIST_DIR}/sm90/sparse_mla/fp16_h64_ws.cu
   # quantized caches, dequantized to bf16 in shared memory: (format x head tile), mma.sync kernel

@@ -11,7 +11,7 @@ TEST(KernelConfig, SharedMemoryPlansFitSm90) {
   EXPECT_LE(k::Config<1>::kSmemBytes, k::kSmemLimit);
   EXPECT_LE(k::Config<2>::kSmemBytes, k::kSmemLimit);
   EXPECT_LE(k::Config<4>::kSmemBytes, k::kSmemLimit);
-  EXPECT_LE(k::WgmmaConfig::kSmemBytes, k::kSmemLimit);
+  EXPECT_LE(k::WsConfig::kSmemBytes, k::kSmemLimit);
   EXPECT_EQ(k::kSmemLimit, 227u * 1024u);
 }
 

@@ -210,9 +210,7 @@ int bench_cuda(const Args& a) {
       const char* quant = std::getenv("SMLA_SM90_QUANT");  // ws / mma: where quantized formats run
       const std::string qpick = quant == nullptr ? "" : quant;
       const bool quant_ws = qpick == "ws" || (qpick != "mma" && fmt != KvFormat::kNvFP4DsMla);
-      const std::string v64 = pick == "mma" || (format_is_quantized(fmt) && (pick == "wgmma" || !quant_ws)) ? "/h64.mma"
-                              : pick == "wgmma"                                               ? "/h64.wgmma"
-                                                                                              : "/h64.ws";
+      const std::string v64 = pick == "mma" || (format_is_quantized(fmt) && !quant_ws) ? "/h64.mma" : "/h64.ws";
       const char* small = std::getenv("SMLA_SM90_SMALL_H");  // =mma: H <= 32 on the mma.sync kernel
       const bool small_ws = (small == nullptr || std::string(small) != "mma") && v64 == "/h64.ws";
       const std::string variant = small_ws ? v64 : H <= 16 ? "/h16.mma" : H <= 32 ? "/h32.mma" : v64;

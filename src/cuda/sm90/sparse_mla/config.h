@@ -94,31 +94,6 @@ struct Config {
   static constexpr size_t kSmemBytes = sizeof(SharedStorage);
 };
 
-// The wgmma variant (head tile 64): two warpgroups. Scores S(64 x 64) = Q K^T: warpgroup w
-// computes columns [32 w, 32 w + 32) with m64n32k16; output O(64 x 512) += P V: warpgroup w owns
-// dims [256 w, 256 w + 256) with m64n256k16 (128 fp32 accumulators per thread).
-struct WgmmaConfig {
-  static constexpr int kHeadTile = 64;
-  static constexpr int kWarpgroups = 2;
-  static constexpr int kWarps = 4 * kWarpgroups;
-  static constexpr int kThreads = 32 * kWarps;
-  static constexpr int kDimBlocks = kMaxDim / 64;  // 128-byte swizzle atoms across a row: 9
-  static constexpr int kAtomBytes = 64 * 2;        // one row of one dim block
-  // Operands in the canonical 128-byte-swizzle layout of wgmma: a tile of R rows is stored as
-  // kDimBlocks blocks of (R, 64) elements, rows 128 B apart, 16-byte chunks XORed by row % 8.
-  // Blocks start at multiples of 1024 B, as the swizzle atoms require.
-  struct SharedStorage {
-    alignas(1024) uint16_t q[kDimBlocks][kHeadTile * 64];          // (9, kHeadTile, 64)
-    alignas(1024) uint16_t kv[kStages][kDimBlocks][kBlockK * 64];  // (stage, 9, kBlockK, 64): K and V
-    alignas(1024) uint16_t p[kHeadTile * kBlockK];                 // (kHeadTile, kBlockK), K-major
-    float row_part[kWarpgroups][kHeadTile];                        // row max / sum exchange
-    float col_bias[kStages][kBlockK];                              // 0 valid, -inf masked
-  };
-  static constexpr size_t kSmemBytes = sizeof(SharedStorage);
-  static constexpr int kBlockBytesQ = kHeadTile * kAtomBytes;  // 8 KiB between dim blocks of Q
-  static constexpr int kBlockBytesKV = kBlockK * kAtomBytes;   // 8 KiB between dim blocks of K/V
-};
-
 // The warp-specialized variant (head tile 64, kernel_ws.cuh): a producer warpgroup gathers rows
 // with cp.async into two tile buffers; consumer warpgroup w scores buffer w (S = Q K^T over the
 // whole 64 x 64 tile) and owns output dims [256 w, 256 w + 256) of both tiles, with its own P from
@@ -147,10 +122,6 @@ struct WsConfig {
 };
 
 inline constexpr size_t kSmemLimit = 227 * 1024;  // SM90 opt-in per-block limit
-static_assert(WgmmaConfig::kSmemBytes <= kSmemLimit, "wgmma variant: shared memory over 227 KiB");
-static_assert(offsetof(WgmmaConfig::SharedStorage, kv) % 1024 == 0 &&
-                  offsetof(WgmmaConfig::SharedStorage, p) % 1024 == 0,
-              "wgmma operands must start on 1024-byte swizzle atoms");
 static_assert(WsConfig::kSmemBytes <= kSmemLimit, "warp-specialized variant: shared memory over 227 KiB");
 static_assert(offsetof(WsConfig::SharedStorage, kv) % 1024 == 0 && offsetof(WsConfig::SharedStorage, p1) % 1024 == 0,
               "warp-specialized operands must start on 1024-byte swizzle atoms");

@@ -20,7 +20,10 @@
 // the order in which the producer refills them.
 #pragma once
 
+#include <string>
 #include <type_traits>
+
+#include "smla/types.h"
 
 #include "cuda/sm90/sparse_mla/dequant.h"
 #include "cuda/sm90/sparse_mla/kernel.cuh"
@@ -725,6 +728,14 @@ void launch_ws(const KernelParams& p, cudaStream_t stream) {
   const uint64_t bit = uint64_t(1) << (dev & 63);
   if (!(attribute_set.load(std::memory_order_acquire) & bit)) {
     cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Cfg::kSmemBytes));
+    // The setmaxnreg budget (config.h) assumes this allocation; another one would make the
+    // consumers wait forever for registers, so refuse to launch instead.
+    cudaFuncAttributes attr{};
+    const cudaError_t e = cudaFuncGetAttributes(&attr, kernel);
+    SMLA_CHECK(e == cudaSuccess && attr.numRegs == Cfg::kLaunchRegs,
+               "warp-specialized sparse MLA kernel compiled with " + std::to_string(attr.numRegs) +
+                   " registers per thread, its register reallocation needs " + std::to_string(Cfg::kLaunchRegs) +
+                   "; rebuild, or set SMLA_SM90_KERNEL=mma");
     attribute_set.fetch_or(bit, std::memory_order_release);
   }
   const dim3 grid(unsigned(p.num_tokens * p.head_groups), 1, unsigned(p.num_splits));

@@ -52,15 +52,13 @@ int num_splits_for(const SparseMlaParams& p, int num_sms) {
   return choose_num_splits(p.num_tokens, k::head_groups_for(p.num_heads), p.topk, num_sms);
 }
 
-// Which kernel runs 64-head tiles of 16-bit caches: the warp-specialized one by default;
-// SMLA_SM90_KERNEL=wgmma (the v5 two-warpgroup kernel) or =mma (mma.sync) for A/B runs and as
-// fallbacks.
-enum class Tile64 { kWs, kWgmma, kMma };
-Tile64 tile64_kernel() {
-  static const Tile64 v = [] {
+// 64-head tiles run on the warp-specialized kernel; SMLA_SM90_KERNEL=mma puts every tile on the
+// mma.sync kernel (fallback and A/B runs). (The v5 two-warpgroup wgmma kernel it replaced is in
+// git history and docs/perf-notes.md.)
+bool mma_only() {
+  static const bool v = [] {
     const char* e = std::getenv("SMLA_SM90_KERNEL");
-    const std::string s = e == nullptr ? "" : e;
-    return s == "mma" ? Tile64::kMma : s == "wgmma" ? Tile64::kWgmma : Tile64::kWs;
+    return e != nullptr && std::string(e) == "mma";
   }();
   return v;
 }
@@ -167,7 +165,7 @@ void sparse_mla(const SparseMlaParams& p, void* workspace, size_t workspace_byte
   kp.num_rows = p.num_rows;
   // The warp-specialized kernel takes 16-bit caches and (quant_on_ws) the fp8 formats, never an
   // e4m3 q (the mma.sync kernel widens it on load).
-  const bool ws = tile64_kernel() == Tile64::kWs && p.q_dtype != DType::kE4M3 &&
+  const bool ws = !mma_only() && p.q_dtype != DType::kE4M3 &&
                   (row_format_of(p.format) == k::RowFormat::kNative16 || quant_on_ws(p.format)) &&
                   (p.num_heads > 32 || small_h_on_ws());
   const int prefetch = l2_prefetch_env();
@@ -209,14 +207,12 @@ void sparse_mla(const SparseMlaParams& p, void* workspace, size_t workspace_byte
   else if (fp16) {
     if (tile == 16) k::launch_main<ptx::Fp16, 1>(kp, s);
     else if (tile == 32) k::launch_main<ptx::Fp16, 2>(kp, s);
-    else if (tile64_kernel() == Tile64::kWs) k::launch_ws<ptx::Fp16>(kp, s);
-    else if (tile64_kernel() == Tile64::kWgmma) k::launch_wgmma<ptx::Fp16>(kp, s);
+    else if (ws) k::launch_ws<ptx::Fp16>(kp, s);
     else k::launch_main<ptx::Fp16, 4>(kp, s);
   } else {
     if (tile == 16) k::launch_main<ptx::Bf16, 1>(kp, s);
     else if (tile == 32) k::launch_main<ptx::Bf16, 2>(kp, s);
-    else if (tile64_kernel() == Tile64::kWs) k::launch_ws<ptx::Bf16>(kp, s);
-    else if (tile64_kernel() == Tile64::kWgmma) k::launch_wgmma<ptx::Bf16>(kp, s);
+    else if (ws) k::launch_ws<ptx::Bf16>(kp, s);
     else k::launch_main<ptx::Bf16, 4>(kp, s);
   }
   cudaError_t e = cudaGetLastError();

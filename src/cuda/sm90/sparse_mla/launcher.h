@@ -12,8 +12,6 @@ namespace smla::cuda::sm90::sparse_mla {
 // kRow: how cache rows are read (config.h); quantized formats use Elem = ptx::Bf16.
 template <typename Elem, int kMTiles, RowFormat kRow = RowFormat::kNative16>
 void launch_main(const KernelParams& p, cudaStream_t stream);
-template <typename Elem>
-void launch_wgmma(const KernelParams& p, cudaStream_t stream);  // head tile 64 only
 template <typename Elem, RowFormat kRow = RowFormat::kNative16>
 void launch_ws(const KernelParams& p, cudaStream_t stream);  // head tile 64, warp-specialized
 template <typename Elem>

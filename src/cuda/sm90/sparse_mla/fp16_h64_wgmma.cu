@@ -1,6 +1,0 @@
-// Instantiation: fp16 cache, head tile 64, wgmma variant.
-#include "cuda/sm90/sparse_mla/kernel_wgmma.cuh"
-
-namespace smla::cuda::sm90::sparse_mla {
-template void launch_wgmma<ptx::Fp16>(const KernelParams&, cudaStream_t);
-}  // namespace smla::cuda::sm90::sparse_mla
