@@ -135,6 +135,52 @@ __device__ __forceinline__ Chunk e4m3x8_fast(uint32_t lo, uint32_t hi) {
 }
 #endif
 
+// __byte_perm on host and device: byte n of the result is byte (s >> 4n) & 7 of {y:x}.
+SMLA_HD uint32_t byte_perm(uint32_t x, uint32_t y, uint32_t s) {
+#if defined(__CUDA_ARCH__)
+  return __byte_perm(x, y, s);
+#else
+  const uint64_t v = uint64_t(y) << 32 | x;
+  uint32_t r = 0;
+  for (int n = 0; n < 4; ++n) r |= uint32_t((v >> (8 * ((s >> (4 * n)) & 7u))) & 0xffu) << (8 * n);
+  return r;
+#endif
+}
+
+// Two bf16 multiplied lane-wise, exact products only (the caller's guarantee: e2m1 x e4m3 always is).
+SMLA_HD uint32_t mul_bf16x2_exact(uint32_t a, uint32_t b) {
+#if defined(__CUDA_ARCH__)
+  uint32_t r;  // a plain multiply (not an fma with a +0 addend, which would turn -0 into +0)
+  asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+#else
+  const float lo = num::bits_f32(a << 16) * num::bits_f32(b << 16);
+  const float hi = num::bits_f32(a & 0xffff0000u) * num::bits_f32(b & 0xffff0000u);
+  return num::f32_bits(lo) >> 16 | (num::f32_bits(hi) & 0xffff0000u);
+#endif
+}
+
+// e2m1x8_scaled by table lookup: the bf16 bits of the 8 magnitudes (0, .5, 1, 1.5, 2, 3, 4, 6) come
+// from two byte permutes per 4 codes (high bytes 00 3F 3F 3F 40 40 40 40, low bytes 00 00 80 C0 00
+// 40 80 C0), the sign bit is moved over, and the block scale (bf16 bits of an e4m3 value) is
+// applied with one bf16x2 multiply, exact because e2m1 x e4m3 needs at most 5 significant bits.
+// Same bits as e2m1x8_scaled for every code and non-NaN scale (host test: every pair).
+SMLA_HD Chunk e2m1x8_scaled_lut(uint32_t w, uint32_t sf_bf16) {
+  const uint32_t sf2 = sf_bf16 | sf_bf16 << 16;
+  Chunk c;
+SMLA_DQ_UNROLL
+  for (int half = 0; half < 2; ++half) {
+    const uint32_t v = w >> (16 * half);  // codes 4 half .. 4 half + 3 in nibbles 0-3
+    const uint32_t sel = v & 0x7777u;
+    const uint32_t hi = byte_perm(0x3F3F3F00u, 0x40404040u, sel), lo = byte_perm(0xC0800000u, 0xC0804000u, sel);
+    const uint32_t w01 = byte_perm(lo, hi, 0x5140u) | ((v << 12) & 0x8000u) | ((v << 24) & 0x80000000u);
+    const uint32_t w23 = byte_perm(lo, hi, 0x7362u) | ((v << 4) & 0x8000u) | ((v << 16) & 0x80000000u);
+    c.w[2 * half] = mul_bf16x2_exact(w01, sf2);
+    c.w[2 * half + 1] = mul_bf16x2_exact(w23, sf2);
+  }
+  return c;
+}
+
 // Logical 16-byte chunk `ch` (elements 8 ch .. 8 ch + 7 of the bf16 row: ch < 64 latent,
 // 64..71 RoPE) of the raw row at `raw` (16-byte aligned; the bytes a chunk needs only).
 // fp8_e4m3: e4m3 without k_scale (the caller folds it into its scales).

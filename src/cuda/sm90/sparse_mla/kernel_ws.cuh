@@ -232,9 +232,9 @@ __device__ __forceinline__ void ws_produce_quant(const KernelParams& p, WsConfig
           if (blk < 8) {
             const int ch = blk * 8 + c;  // latent chunk: bytes 4 ch .. 4 ch + 3 of the row
             lo[i][j] = dq::ld_u32(sr + 4 * ch - (kH == 0 ? 0 : 128));
-            hi[i][j] = 0;
             const int scale_at = num::nvfp4_scale_offset(ch >> 1);
-            sc[i][j] = dq::e4m3_f32(sr[kH == 0 ? scale_at - 320 + 128 : scale_at - 128]);
+            hi[i][j] = sr[kH == 0 ? scale_at - 320 + 128 : scale_at - 128];  // the e4m3 block scale byte
+            sc[i][j] = 1.0f;
           } else {
             dq::ld_u32x2(sr + 128 + 8 * c, lo[i][j], hi[i][j]);  // RoPE, e4m3 unscaled
             sc[i][j] = 1.0f;
@@ -252,7 +252,8 @@ __device__ __forceinline__ void ws_produce_quant(const KernelParams& p, WsConfig
         dq::Chunk v;
         if constexpr (kRow == RowFormat::kFp8E4M3) v = dq::e4m3x8_fast(lo[i][j], hi[i][j]);
         else if constexpr (kRow == RowFormat::kFp8DsMla) v = dq::e4m3x8_scaled_fast(lo[i][j], hi[i][j], sc[i][j]);
-        else v = blk < 8 ? dq::e2m1x8_scaled(lo[i][j], sc[i][j]) : dq::e4m3x8_fast(lo[i][j], hi[i][j]);
+        else
+          v = blk < 8 ? dq::e2m1x8_scaled_lut(lo[i][j], dq::e4m3_bf16_bits(hi[i][j])) : dq::e4m3x8_fast(lo[i][j], hi[i][j]);
         if (blk == 8 && !rope) v = dq::Chunk{{0u, 0u, 0u, 0u}};
         const uint32_t dst = base + uint32_t(blk * Cfg::kBlockBytes + 16 * i * Cfg::kAtomBytes);
         asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst), "r"(v.w[0]), "r"(v.w[1]), "r"(v.w[2]),
