@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
 
 #include "smla/params.h"
 #include "smla/support.h"
@@ -17,6 +18,11 @@ DeviceInfo device_info(int ordinal = 0);
 // The split of each row's top-k the launcher picks by itself for p.num_tokens rows on a device
 // with num_sms SMs (choose_num_splits over the kernel's blocks per row).
 int sparse_mla_auto_splits(const SparseMlaParams& p, int num_sms);
+
+// Which SM90 kernel variant sparse_mla runs for p ("h64.ws": warp-specialized, 64-head groups;
+// "h16.mma" / "h32.mma" / "h64.mma": the mma.sync kernel's head tile), after the SMLA_SM90_*
+// switches of the launcher (README). For labels and logs.
+std::string sparse_mla_variant(const SparseMlaParams& p);
 
 // Workspace bytes a launch of p needs with `num_splits` pieces per row (0: the automatic choice).
 size_t sparse_mla_workspace_bytes(const SparseMlaParams& p, int num_sms, int num_splits = 0);

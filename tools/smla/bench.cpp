@@ -60,6 +60,8 @@ int bench_cpu(const Args& a) {
   const int K = int(a.get_int("topk", 256));
   const KvFormat fmt = parse_kv_format(a.get("format", "bf16"));
   const int reps = int(a.get_int("reps", 3));
+  const bool q_e4m3 = a.get("q", "") == "e4m3";
+  SMLA_CHECK(!q_e4m3 || fmt == KvFormat::kFP8E4M3, "--q e4m3 needs --format fp8_e4m3");
   std::vector<BenchRecord> recs;
   for (long long H : Hs)
     for (long long T : Ts) {
@@ -67,6 +69,7 @@ int bench_cpu(const Args& a) {
       s.num_tokens = T, s.num_heads = int(H), s.topk = K, s.format = fmt, s.num_rows = 1 << 16;
       s.invalid_fraction = 0, s.poison_unselected = false;
       s.q_dtype = s.out_dtype = fmt == KvFormat::kFP16 ? DType::kFP16 : DType::kBF16;
+      if (q_e4m3) s.q_dtype = DType::kE4M3;
       auto hp = testing::make_problem(s, 7);
       std::vector<double> ms;
       for (int i = 0; i < reps; ++i) {
@@ -76,13 +79,13 @@ int bench_cpu(const Args& a) {
       }
       std::sort(ms.begin(), ms.end());
       BenchRecord r;
-      r.backend = "cpu", r.kernel = "reference/float64", r.format = std::string(to_string(fmt));
+      r.backend = "cpu", r.kernel = "reference/float64", r.format = std::string(to_string(fmt)) + (q_e4m3 ? "+q_e4m3" : "");
       r.T = T, r.H = H, r.K = K, r.D = 576, r.row_bytes = row_bytes(fmt, 64);
       r.valid_entries = double(T) * K;
       r.median_ms = ms[ms.size() / 2], r.min_ms = ms.front(), r.max_ms = ms.back();
       r.flops = 2.0 * H * r.valid_entries * (576 + 512);
       r.bytes = r.valid_entries * r.row_bytes;
-      r.repro = "smla bench --backend cpu --format " + r.format + " --heads " + std::to_string(H) + " --T " +
+      r.repro = "smla bench --backend cpu --format " + std::string(to_string(fmt)) + (q_e4m3 ? " --q e4m3" : "") + " --heads " + std::to_string(H) + " --T " +
                 std::to_string(T) + " --topk " + std::to_string(K);
       print_record(r);
       recs.push_back(r);

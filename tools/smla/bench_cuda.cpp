@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,7 @@
 #include "smla/api.h"
 #include "smla/cuda.h"
 #include "smla/formats.h"
+#include "smla/numeric.h"
 #include "smla/plan.h"
 
 namespace smla::cli {
@@ -153,7 +155,9 @@ int bench_cuda(const Args& a) {
   const KvFormat fmt = parse_kv_format(a.get("format", "bf16"));
   SMLA_CHECK(D == 576 || D == 512, "--dim must be 576 or 512");
   SMLA_CHECK(K >= 1, "--topk must be >= 1");
-  const DType qt = fmt == KvFormat::kFP16 ? DType::kFP16 : DType::kBF16;
+  const DType qt = fmt == KvFormat::kFP16 ? DType::kFP16 : DType::kBF16;  // also the output type
+  const bool q_e4m3 = a.get("q", "") == "e4m3";
+  SMLA_CHECK(!q_e4m3 || fmt == KvFormat::kFP8E4M3, "--q e4m3 needs --format fp8_e4m3");
   const int rope = D - kLatentDim;
   const int rb = row_bytes(fmt, rope);
   const DeviceInfo dev = cuda::device_info(0);
@@ -180,14 +184,23 @@ int bench_cuda(const Args& a) {
       const double case_bytes = double(T) * K * rb;
       const int rot = case_bytes >= 256e6 ? 1 : warmup + reps;
       const size_t idx_elems = size_t(T) * K;
-      DevMem q(size_t(T) * H * D * 2), out(size_t(T) * H * kLatentDim * 2), lse(size_t(T) * H * 4);
+      DevMem q(size_t(T) * H * D * (q_e4m3 ? 1 : 2)), out(size_t(T) * H * kLatentDim * 2), lse(size_t(T) * H * 4);
       DevMem idx(idx_elems * rot * 4);
-      cuda::fill_random_16bit(q.p, size_t(T) * H * D, qt, ++seed, s);
+      if (q_e4m3) {  // N(0, 1) values as e4m3 codes, made here (q is small)
+        std::mt19937_64 rng(++seed);
+        std::normal_distribution<float> normal(0.0f, 1.0f);
+        std::vector<uint8_t> hq(size_t(T) * H * D);
+        for (auto& b : hq) b = num::f32_to_e4m3(normal(rng));
+        ck(cudaMemcpyAsync(q.p, hq.data(), hq.size(), cudaMemcpyHostToDevice, s), "q upload");
+        ck(cudaStreamSynchronize(s), "q upload");
+      } else {
+        cuda::fill_random_16bit(q.p, size_t(T) * H * D, qt, ++seed, s);
+      }
       cuda::fill_random_rows(static_cast<int32_t*>(idx.p), idx_elems * rot, pool_rows, ++seed, s);
 
       SparseMlaParams p;
       p.num_tokens = T, p.num_heads = int(H), p.rope_dim = rope, p.topk = K;
-      p.q = q.p, p.q_dtype = qt, p.kv = pool.p, p.num_rows = pool_rows, p.format = fmt;
+      p.q = q.p, p.q_dtype = q_e4m3 ? DType::kE4M3 : qt, p.kv = pool.p, p.num_rows = pool_rows, p.format = fmt;
       p.idx = static_cast<const int32_t*>(idx.p);
       p.softmax_scale = 0.1352338f;
       p.out = out.p, p.out_dtype = qt, p.lse = static_cast<float*>(lse.p), p.lse_mode = LseMode::kBaseE;
@@ -204,25 +217,16 @@ int bench_cuda(const Args& a) {
       r.backend = "cuda";
       Geometry g = geometry_of(p);
       const int splits = choose_num_splits(T, int((H + 63) / 64), K, dev.num_sms);
-      const char* env = std::getenv("SMLA_SM90_KERNEL");  // the launcher's variant switch
-      const std::string pick = env == nullptr ? "" : env;
-      // Quantized formats: mma.sync only; 16-bit: warp-specialized unless asked otherwise.
-      const char* quant = std::getenv("SMLA_SM90_QUANT");  // ws / mma: where quantized formats run
-      const std::string qpick = quant == nullptr ? "" : quant;
-      const bool quant_ws = qpick == "ws" || (qpick != "mma" && fmt != KvFormat::kNvFP4DsMla);
-      const std::string v64 = pick == "mma" || (format_is_quantized(fmt) && !quant_ws) ? "/h64.mma" : "/h64.ws";
-      const char* small = std::getenv("SMLA_SM90_SMALL_H");  // =mma: H <= 32 on the mma.sync kernel
-      const bool small_ws = (small == nullptr || std::string(small) != "mma") && v64 == "/h64.ws";
-      const std::string variant = small_ws ? v64 : H <= 16 ? "/h16.mma" : H <= 32 ? "/h32.mma" : v64;
+      const std::string variant = "/" + cuda::sparse_mla_variant(p);
       r.kernel = cuda_kernel_name(g) + variant + (splits > 1 ? "/split" + std::to_string(splits) : "");
-      r.format = std::string(to_string(fmt));
+      r.format = std::string(to_string(fmt)) + (q_e4m3 ? "+q_e4m3" : "");
       r.T = T, r.H = H, r.K = K, r.D = D, r.row_bytes = rb;
       r.valid_entries = double(T) * K;
       r.median_ms = t.median, r.min_ms = t.min, r.max_ms = t.max;
       r.flops = 2.0 * H * r.valid_entries * (D + kLatentDim);
       r.bytes = r.valid_entries * rb;
       r.gemm_tflops = gemm, r.copy_tbps = copy;
-      r.repro = "smla bench --format " + r.format + " --heads " + std::to_string(H) + " --T " + std::to_string(T) +
+      r.repro = "smla bench --format " + std::string(to_string(fmt)) + (q_e4m3 ? " --q e4m3" : "") + " --heads " + std::to_string(H) + " --T " + std::to_string(T) +
                 " --topk " + std::to_string(K) + " --dim " + std::to_string(D);
       print_record(r);
       recs.push_back(r);

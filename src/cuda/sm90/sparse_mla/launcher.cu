@@ -109,6 +109,14 @@ k::RowFormat row_format_of(KvFormat f) {
   }
 }
 
+// The warp-specialized kernel takes 16-bit caches and (quant_on_ws) the fp8 formats, never an
+// e4m3 q (the mma.sync kernel widens it on load).
+bool runs_on_ws(const SparseMlaParams& p) {
+  return !mma_only() && p.q_dtype != DType::kE4M3 &&
+         (row_format_of(p.format) == k::RowFormat::kNative16 || quant_on_ws(p.format)) &&
+         (p.num_heads > 32 || small_h_on_ws());
+}
+
 // Quantized caches: bf16 MMAs on the mma.sync kernel for every head tile.
 template <k::RowFormat kRow>
 void launch_quantized(int tile, const k::KernelParams& kp, cudaStream_t s) {
@@ -120,6 +128,12 @@ void launch_quantized(int tile, const k::KernelParams& kp, cudaStream_t s) {
 }  // namespace
 
 int sparse_mla_auto_splits(const SparseMlaParams& p, int num_sms) { return num_splits_for(p, num_sms); }
+
+std::string sparse_mla_variant(const SparseMlaParams& p) {
+  if (runs_on_ws(p)) return "h64.ws";
+  const int tile = k::head_tile_for(p.num_heads);
+  return "h" + std::to_string(tile) + ".mma";
+}
 
 size_t sparse_mla_workspace_bytes(const SparseMlaParams& p, int num_sms, int num_splits) {
   if (p.num_tokens <= 0) return 0;
@@ -163,11 +177,7 @@ void sparse_mla(const SparseMlaParams& p, void* workspace, size_t workspace_byte
   kp.kv = static_cast<const uint8_t*>(p.kv);
   kp.kv_row_stride_bytes = p.kv_row_stride_bytes;
   kp.num_rows = p.num_rows;
-  // The warp-specialized kernel takes 16-bit caches and (quant_on_ws) the fp8 formats, never an
-  // e4m3 q (the mma.sync kernel widens it on load).
-  const bool ws = !mma_only() && p.q_dtype != DType::kE4M3 &&
-                  (row_format_of(p.format) == k::RowFormat::kNative16 || quant_on_ws(p.format)) &&
-                  (p.num_heads > 32 || small_h_on_ws());
+  const bool ws = runs_on_ws(p);
   const int prefetch = l2_prefetch_env();
   kp.l2_prefetch = prefetch < 0 ? !ws : prefetch > 0;
   kp.l2_prefetch_steps = prefetch < 0 ? 0 : prefetch;

@@ -1,0 +1,39 @@
+"""`smla bench` options on the CPU backend (the CUDA path shares the option parsing).
+
+SMLA_BIN names the binary (ctest sets it); otherwise build/bin/smla under the repo root.
+"""
+
+import json
+import os
+import pathlib
+import subprocess
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+SMLA_BIN = os.environ.get("SMLA_BIN") or str(REPO / "build" / "bin" / "smla")
+
+if not os.environ.get("SMLA_BIN") and not os.path.exists(SMLA_BIN):
+    pytest.skip(f"smla binary not found at {SMLA_BIN}; build it or set SMLA_BIN", allow_module_level=True)
+
+
+def bench(*args):
+    return subprocess.run([SMLA_BIN, "bench", "--backend", "cpu", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_e4m3_q_runs_and_is_labelled(tmp_path):
+    out = tmp_path / "b.json"
+    r = bench("--format", "fp8_e4m3", "--q", "e4m3", "--heads", "2", "--T", "1,3", "--topk", "16", "--reps", "1",
+              "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    recs = json.loads(out.read_text())
+    recs = recs["cases"]
+    assert [x["format"] for x in recs] == ["fp8_e4m3+q_e4m3"] * 2
+    assert [x["T"] for x in recs] == [1, 3]
+    assert "--q e4m3" in r.stdout
+
+
+def test_e4m3_q_needs_the_fp8_e4m3_cache():
+    r = bench("--format", "bf16", "--q", "e4m3", "--heads", "2", "--T", "1", "--topk", "16")
+    assert r.returncode != 0
+    assert "--q e4m3 needs --format fp8_e4m3" in r.stderr
