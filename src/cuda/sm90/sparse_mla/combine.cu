@@ -2,6 +2,6 @@
 #include "cuda/sm90/sparse_mla/kernel.cuh"
 
 namespace smla::cuda::sm90::sparse_mla {
-template void launch_combine<ptx::Bf16>(const KernelParams&, cudaStream_t);
-template void launch_combine<ptx::Fp16>(const KernelParams&, cudaStream_t);
+template void launch_combine<ptx::Bf16>(const KernelParams&, cudaStream_t, bool);
+template void launch_combine<ptx::Fp16>(const KernelParams&, cudaStream_t, bool);
 }  // namespace smla::cuda::sm90::sparse_mla

@@ -411,6 +411,7 @@ __global__ void __launch_bounds__(128) combine_kernel(const __grid_constant__ Ke
   const int64_t t = th / p.num_heads;
   const int h = int(th - t * p.num_heads);
   const int S = p.num_splits;
+  ptx::pdl_wait();  // the partials of the attention grid (a no-op unless launched with PDL)
   if (threadIdx.x < S) s_lse[threadIdx.x] = p.part_lse[th * S + threadIdx.x];
   __syncthreads();
   if (threadIdx.x == 0) s_total = lse_merge(s_lse, S, s_w);
@@ -455,8 +456,23 @@ void launch_main(const KernelParams& p, cudaStream_t stream) {
 }
 
 template <typename Elem>
-void launch_combine(const KernelParams& p, cudaStream_t stream) {
-  combine_kernel<Elem><<<unsigned(p.num_tokens * p.num_heads), 128, 0, stream>>>(p);
+void launch_combine(const KernelParams& p, cudaStream_t stream, bool pdl) {
+  if (!pdl) {
+    combine_kernel<Elem><<<unsigned(p.num_tokens * p.num_heads), 128, 0, stream>>>(p);
+    return;
+  }
+  // Programmatic dependent launch: its blocks start as the attention grid's last blocks run and
+  // wait in pdl_wait(), hiding the launch gap (small T; docs/perf-notes.md).
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(unsigned(p.num_tokens * p.num_heads));
+  cfg.blockDim = dim3(128);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  cudaLaunchKernelEx(&cfg, combine_kernel<Elem>, p);
 }
 
 }  // namespace smla::cuda::sm90::sparse_mla

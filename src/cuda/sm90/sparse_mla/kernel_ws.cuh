@@ -706,6 +706,7 @@ __global__ void __launch_bounds__(WsConfig::kThreads, 1) sparse_mla_ws_kernel(co
     ptx::fence_mbar_init();
   }
   __syncthreads();
+  ptx::pdl_launch_dependents();  // the split merge (if PDL-launched) may start its blocks now
 
   const int wg = threadIdx.x / 128, wt = threadIdx.x % 128;
   if (wg == 2) {

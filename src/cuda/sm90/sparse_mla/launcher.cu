@@ -98,6 +98,16 @@ bool quant_on_ws(KvFormat f) {
   return v < 0 ? f != KvFormat::kNvFP4DsMla : v == 1;
 }
 
+// The split merge as a programmatic dependent launch: SMLA_SM90_PDL=1 (A/B runs; not measured yet,
+// so off by default).
+bool use_pdl() {
+  static const bool v = [] {
+    const char* e = std::getenv("SMLA_SM90_PDL");
+    return e != nullptr && std::string(e) == "1";
+  }();
+  return v;
+}
+
 bool aligned(const void* ptr, int64_t bytes) { return reinterpret_cast<uintptr_t>(ptr) % uint64_t(bytes) == 0; }
 
 k::RowFormat row_format_of(KvFormat f) {
@@ -228,8 +238,10 @@ void sparse_mla(const SparseMlaParams& p, void* workspace, size_t workspace_byte
   cudaError_t e = cudaGetLastError();
   SMLA_CHECK(e == cudaSuccess, std::string("sparse MLA kernel launch failed: ") + cudaGetErrorString(e));
   if (splits > 1) {
-    if (fp16) k::launch_combine<ptx::Fp16>(kp, s);
-    else k::launch_combine<ptx::Bf16>(kp, s);
+    // PDL only behind the warp-specialized kernel (the one that triggers it early).
+    const bool pdl = ws && use_pdl();
+    if (fp16) k::launch_combine<ptx::Fp16>(kp, s, pdl);
+    else k::launch_combine<ptx::Bf16>(kp, s, pdl);
     e = cudaGetLastError();
     SMLA_CHECK(e == cudaSuccess, std::string("sparse MLA split merge launch failed: ") + cudaGetErrorString(e));
   }

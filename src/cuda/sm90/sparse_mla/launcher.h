@@ -15,6 +15,6 @@ void launch_main(const KernelParams& p, cudaStream_t stream);
 template <typename Elem, RowFormat kRow = RowFormat::kNative16>
 void launch_ws(const KernelParams& p, cudaStream_t stream);  // head tile 64, warp-specialized
 template <typename Elem>
-void launch_combine(const KernelParams& p, cudaStream_t stream);
+void launch_combine(const KernelParams& p, cudaStream_t stream, bool pdl);
 
 }  // namespace smla::cuda::sm90::sparse_mla
