@@ -23,11 +23,13 @@
 
 #include <atomic>
 #include <cmath>
+#include <string>
 
 #include "cuda/common/ptx.cuh"
 #include "cuda/sm90/sparse_mla/config.h"
 #include "cuda/sm90/sparse_mla/dequant.h"
 #include "cuda/sm90/sparse_mla/launcher.h"
+#include "smla/types.h"
 #include "smla/state.h"
 
 namespace smla::cuda::sm90::sparse_mla {
@@ -445,10 +447,12 @@ void launch_main(const KernelParams& p, cudaStream_t stream) {
   // Raise the dynamic shared-memory limit once per device (a per-launch call costs host time).
   static std::atomic<uint64_t> attribute_set{0};
   int dev = 0;
-  cudaGetDevice(&dev);
+  SMLA_CHECK(cudaGetDevice(&dev) == cudaSuccess, "cudaGetDevice failed");
   const uint64_t bit = uint64_t(1) << (dev & 63);
   if (!(attribute_set.load(std::memory_order_acquire) & bit)) {
-    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Cfg::kSmemBytes));
+    const cudaError_t ea = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Cfg::kSmemBytes));
+    SMLA_CHECK(ea == cudaSuccess, std::string("cannot raise the sparse MLA kernel's shared memory to ") +
+                                      std::to_string(Cfg::kSmemBytes) + " bytes: " + cudaGetErrorString(ea));
     attribute_set.fetch_or(bit, std::memory_order_release);
   }
   const dim3 grid(unsigned(p.num_tokens * p.head_groups), 1, unsigned(p.num_splits));
@@ -472,7 +476,8 @@ void launch_combine(const KernelParams& p, cudaStream_t stream, bool pdl) {
   attr.val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = &attr;
   cfg.numAttrs = 1;
-  cudaLaunchKernelEx(&cfg, combine_kernel<Elem>, p);
+  const cudaError_t e = cudaLaunchKernelEx(&cfg, combine_kernel<Elem>, p);
+  SMLA_CHECK(e == cudaSuccess, std::string("split merge launch (PDL) failed: ") + cudaGetErrorString(e));
 }
 
 }  // namespace smla::cuda::sm90::sparse_mla

@@ -726,10 +726,12 @@ void launch_ws(const KernelParams& p, cudaStream_t stream) {
   auto* kernel = sparse_mla_ws_kernel<Elem, kRow>;
   static std::atomic<uint64_t> attribute_set{0};
   int dev = 0;
-  cudaGetDevice(&dev);
+  SMLA_CHECK(cudaGetDevice(&dev) == cudaSuccess, "cudaGetDevice failed");
   const uint64_t bit = uint64_t(1) << (dev & 63);
   if (!(attribute_set.load(std::memory_order_acquire) & bit)) {
-    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Cfg::kSmemBytes));
+    const cudaError_t ea = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Cfg::kSmemBytes));
+    SMLA_CHECK(ea == cudaSuccess, std::string("cannot raise the sparse MLA kernel's shared memory to ") +
+                                      std::to_string(Cfg::kSmemBytes) + " bytes: " + cudaGetErrorString(ea));
     // The setmaxnreg budget (config.h) assumes this allocation; another one would make the
     // consumers wait forever for registers, so refuse to launch instead.
     cudaFuncAttributes attr{};
