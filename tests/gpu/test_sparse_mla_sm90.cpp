@@ -7,6 +7,7 @@
 #include "../common/gpu_test.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -322,3 +323,28 @@ TEST(SparseMlaSm90Edge, BadArgumentsRefused) {
 }
 
 }  // namespace
+
+// Host-only (no device needed): which kernel the launcher picks by default. Pins the routing that
+// docs/perf-notes.md v6/v7 measured; an SMLA_SM90_* switch in the environment changes it, so the
+// test says so instead of failing then.
+TEST(SparseMlaSm90Routing, DefaultVariants) {
+  for (const char* e : {"SMLA_SM90_KERNEL", "SMLA_SM90_SMALL_H", "SMLA_SM90_QUANT"})
+    if (std::getenv(e) != nullptr) GTEST_SKIP() << e << " is set: the routing is not the default one";
+  auto variant = [](KvFormat f, int H, DType q) {
+    smla::SparseMlaParams p;
+    p.format = f, p.num_heads = H, p.q_dtype = q;
+    return smla::cuda::sparse_mla_variant(p);
+  };
+  for (int H : {1, 16, 20, 32, 64, 96, 128}) {
+    EXPECT_EQ(variant(KvFormat::kBF16, H, DType::kBF16), "h64.ws") << H;
+    EXPECT_EQ(variant(KvFormat::kFP16, H, DType::kFP16), "h64.ws") << H;
+    EXPECT_EQ(variant(KvFormat::kFP8E4M3, H, DType::kBF16), "h64.ws") << H;
+    EXPECT_EQ(variant(KvFormat::kFP8DsMla, H, DType::kBF16), "h64.ws") << H;
+  }
+  // nvfp4_ds_mla and an e4m3 q stay on the mma.sync kernel, with its head tiles.
+  EXPECT_EQ(variant(KvFormat::kNvFP4DsMla, 8, DType::kBF16), "h16.mma");
+  EXPECT_EQ(variant(KvFormat::kNvFP4DsMla, 32, DType::kBF16), "h32.mma");
+  EXPECT_EQ(variant(KvFormat::kNvFP4DsMla, 128, DType::kBF16), "h64.mma");
+  EXPECT_EQ(variant(KvFormat::kFP8E4M3, 16, DType::kE4M3), "h16.mma");
+  EXPECT_EQ(variant(KvFormat::kFP8E4M3, 64, DType::kE4M3), "h64.mma");
+}
