@@ -43,6 +43,16 @@ Geometry geometry_of(const SparseMlaParams& p) {
   return g;
 }
 
+std::string cuda_kernel_for(const Geometry& g) {
+  std::string name = cuda_kernel_name(g);
+#if SMLA_HAVE_CUDA
+  SparseMlaParams p;
+  p.num_heads = g.num_heads, p.format = g.format, p.q_dtype = g.q_dtype, p.rope_dim = g.rope_dim;
+  name += "/" + cuda::sparse_mla_variant(p);
+#endif
+  return name;
+}
+
 Support backend_support(Backend backend, const Geometry& g) {
   if (backend == Backend::kCpu) return support_cpu(g);
   return support_cuda(g, first_cuda_device(), built_with_cuda());

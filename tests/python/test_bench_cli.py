@@ -1,4 +1,4 @@
-"""`smla bench` options on the CPU backend (the CUDA path shares the option parsing).
+"""`smla bench` and `smla info` options on the CPU backend (the CUDA path shares the option parsing).
 
 SMLA_BIN names the binary (ctest sets it); otherwise build/bin/smla under the repo root.
 """
@@ -37,3 +37,16 @@ def test_e4m3_q_needs_the_fp8_e4m3_cache():
     r = bench("--format", "bf16", "--q", "e4m3", "--heads", "2", "--T", "1", "--topk", "16")
     assert r.returncode != 0
     assert "--q e4m3 needs --format fp8_e4m3" in r.stderr
+
+
+def test_info_names_the_kernel_of_a_cuda_build():
+    r = subprocess.run([SMLA_BIN, "info", "--heads", "16", "--format", "nvfp4_ds_mla"], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    if "CUDA backend: built" not in r.stdout:
+        pytest.skip("CPU-only build: no CUDA kernel to name")
+    if "SMLA_SM90_KERNEL" in os.environ or "SMLA_SM90_QUANT" in os.environ:
+        pytest.skip("an SMLA_SM90_* switch is set: the routing is not the default one")
+    kernels = [line for line in r.stdout.splitlines() if "kernel on an SM90 GPU" in line]
+    # nvfp4_ds_mla at H = 16 runs on the mma.sync kernel's 16-head tile by default (README switches).
+    assert kernels == ["  kernel on an SM90 GPU: sm90/sparse_mla/nvfp4_ds_mla_d576/h16.mma"]

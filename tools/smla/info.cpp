@@ -27,12 +27,13 @@ int cmd_info(const Args& a) {
               std::string(to_string(g.format)).c_str(),
               (g.rope_dim == 0 || g.rope_dim == 64) ? row_bytes(g.format, g.rope_dim) : 0,
               std::string(to_string(g.q_dtype)).c_str(), g.topk, g.sink ? "on" : "off");
+  if (built_with_cuda()) std::printf("  kernel on an SM90 GPU: %s\n", cuda_kernel_for(g).c_str());
   for (Backend b : {Backend::kCuda, Backend::kCpu}) {
     const Support s = backend_support(b, g);
     if (s.ok())
       std::printf("  %-4s: runs%s%s\n", std::string(to_string(b)).c_str(),
                   b == Backend::kCuda ? " with kernel " : " with the float64 reference",
-                  b == Backend::kCuda ? cuda_kernel_name(g).c_str() : "");
+                  b == Backend::kCuda ? cuda_kernel_for(g).c_str() : "");
     else
       std::printf("  %-4s: cannot run: %s\n", std::string(to_string(b)).c_str(), s.reason.c_str());
   }
