@@ -1,4 +1,6 @@
-// SM90 sparse MLA, 16-bit caches, warp-specialized wgmma kernel for 64-head tiles (H > 32).
+// SM90 sparse MLA, warp-specialized wgmma kernel for 64-head groups: bf16 / fp16 caches at every H
+// (heads past H zero-padded), and the quantized formats through a dequantizing producer
+// (ws_produce_quant: the launcher routes fp8_e4m3 and fp8_ds_mla here by default).
 //
 // One block per (token, 64-head group, top-k split); 3 warpgroups (WsConfig in config.h):
 //   producer (warpgroup 2): gathers the rows of two 64-entry tiles per step with cp.async into
