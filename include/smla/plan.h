@@ -12,11 +12,12 @@ inline constexpr int kMaxSplits = 32;
 
 // How many pieces each row's top-k is split into so that the grid fills the GPU.
 // blocks_per_row: CTAs one row already uses (e.g. head groups). Returns 1 when T * blocks_per_row
-// already covers num_sms; otherwise ceil(num_sms / (T * blocks_per_row)), at most
-// ceil(topk / kMinEntriesPerSplit) and kMaxSplits. Depends only on its arguments, so a replayed
-// schedule is the captured one.
-// Examples (132 SMs): T = 1, 2 blocks/row, K = 2048 -> 32; T = 32, 2 blocks/row -> 3;
-// T = 128 -> 1; T = 1, K = 100 -> 2.
+// already covers num_sms; otherwise the s in [1, min(ceil(topk / kMinEntriesPerSplit), kMaxSplits)]
+// with the least ceil(T * blocks_per_row * s / num_sms) * ceil(ceil(topk / s) / 64) + (s > 1), the
+// fewest on a tie: waves of blocks times 64-entry tiles per block, plus one tile for the merge.
+// Depends only on its arguments, so a replayed schedule is the captured one.
+// Examples (132 SMs, K = 2048): T = 1, 2 blocks/row -> 32; T = 32, 2 blocks/row -> 2 (one wave of
+// 16 tiles; 3 would be two waves of 11); T = 32, 1 block/row -> 4; T = 128 -> 1; T = 1, K = 100 -> 1.
 int choose_num_splits(int64_t num_tokens, int blocks_per_row, int topk, int num_sms);
 
 // Bytes of split-K scratch: per (row, head, split) 512 fp32 partial outputs and one fp32 LSE,

@@ -128,19 +128,21 @@ TEST(Support, CudaAnswersEveryGeometryWithOkOrAReason) {
 
 // ---- plan.h ---------------------------------------------------------------------------------------
 TEST(Plan, ChooseNumSplitsWorkedExamples) {
-  // the examples of plan.h (132 SMs)
-  EXPECT_EQ(smla::choose_num_splits(1, 2, 2048, 132), 32);   // ceil(132/2) = 66, capped at 32
-  EXPECT_EQ(smla::choose_num_splits(32, 2, 2048, 132), 3);   // ceil(132/64)
+  // the examples of plan.h (132 SMs), worked by hand from the cost waves x tiles + (s > 1)
+  EXPECT_EQ(smla::choose_num_splits(1, 2, 2048, 132), 32);   // 64 blocks, 1 tile each: cost 2
+  EXPECT_EQ(smla::choose_num_splits(32, 2, 2048, 132), 2);   // 1 wave x 16 tiles (3: 2 waves x 11)
+  EXPECT_EQ(smla::choose_num_splits(32, 1, 2048, 132), 4);   // 1 wave x 8 (5: 2 waves x 7)
   EXPECT_EQ(smla::choose_num_splits(128, 2, 2048, 132), 1);  // 256 blocks cover 132 SMs
-  EXPECT_EQ(smla::choose_num_splits(1, 2, 100, 132), 2);     // ceil(100/64)
+  EXPECT_EQ(smla::choose_num_splits(1, 2, 100, 132), 1);     // 2 tiles = 1 tile + the merge: fewer
   // more, by the rule
-  EXPECT_EQ(smla::choose_num_splits(128, 1, 2048, 132), 2);  // ceil(132/128)
+  EXPECT_EQ(smla::choose_num_splits(128, 1, 2048, 132), 1);  // 32 tiles vs 2 waves x 16 + 1
   EXPECT_EQ(smla::choose_num_splits(132, 1, 2048, 132), 1);
   EXPECT_EQ(smla::choose_num_splits(66, 2, 2048, 132), 1);
-  EXPECT_EQ(smla::choose_num_splits(3, 4, 2048, 132), 11);   // 12 blocks -> ceil(132/12)
+  EXPECT_EQ(smla::choose_num_splits(3, 4, 2048, 132), 11);   // 132 blocks x 3 tiles: cost 4
   EXPECT_EQ(smla::choose_num_splits(1, 1, 64, 132), 1);      // one split's worth of entries
-  EXPECT_EQ(smla::choose_num_splits(1, 1, 65, 132), 2);
-  EXPECT_EQ(smla::choose_num_splits(1, 1, 2048, 16), 16);
+  EXPECT_EQ(smla::choose_num_splits(1, 1, 65, 132), 1);      // 2 tiles vs 1 + the merge
+  EXPECT_EQ(smla::choose_num_splits(1, 1, 192, 132), 3);     // 3 tiles vs 1 + the merge
+  EXPECT_EQ(smla::choose_num_splits(1, 1, 2048, 16), 16);    // 2 tiles + 1 (32: 2 waves x 1 + 1, a tie)
   EXPECT_EQ(smla::choose_num_splits(0, 2, 2048, 132), 1);    // empty call
   EXPECT_EQ(smla::choose_num_splits(int64_t(1) << 40, 2, 2048, 132), 1);
 }
