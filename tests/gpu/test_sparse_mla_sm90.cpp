@@ -328,7 +328,7 @@ TEST(SparseMlaSm90Edge, BadArgumentsRefused) {
 // docs/perf-notes.md v6/v7 measured; an SMLA_SM90_* switch in the environment changes it, so the
 // test says so instead of failing then.
 TEST(SparseMlaSm90Routing, DefaultVariants) {
-  for (const char* e : {"SMLA_SM90_KERNEL", "SMLA_SM90_SMALL_H", "SMLA_SM90_QUANT"})
+  for (const char* e : {"SMLA_SM90_KERNEL", "SMLA_SM90_SMALL_H", "SMLA_SM90_QUANT", "SMLA_SM90_PAIR"})
     if (std::getenv(e) != nullptr) GTEST_SKIP() << e << " is set: the routing is not the default one";
   auto variant = [](KvFormat f, int H, DType q) {
     smla::SparseMlaParams p;
@@ -340,11 +340,9 @@ TEST(SparseMlaSm90Routing, DefaultVariants) {
     EXPECT_EQ(variant(KvFormat::kFP16, H, DType::kFP16), "h64.ws") << H;
     EXPECT_EQ(variant(KvFormat::kFP8E4M3, H, DType::kBF16), "h64.ws") << H;
     EXPECT_EQ(variant(KvFormat::kFP8DsMla, H, DType::kBF16), "h64.ws") << H;
+    EXPECT_EQ(variant(KvFormat::kNvFP4DsMla, H, DType::kBF16), "h64.ws") << H;
   }
-  // nvfp4_ds_mla and an e4m3 q stay on the mma.sync kernel, with its head tiles.
-  EXPECT_EQ(variant(KvFormat::kNvFP4DsMla, 8, DType::kBF16), "h16.mma");
-  EXPECT_EQ(variant(KvFormat::kNvFP4DsMla, 32, DType::kBF16), "h32.mma");
-  EXPECT_EQ(variant(KvFormat::kNvFP4DsMla, 128, DType::kBF16), "h64.mma");
+  // An e4m3 q stays on the mma.sync kernel, with its head tiles.
   EXPECT_EQ(variant(KvFormat::kFP8E4M3, 16, DType::kE4M3), "h16.mma");
   EXPECT_EQ(variant(KvFormat::kFP8E4M3, 64, DType::kE4M3), "h64.mma");
 }

@@ -40,6 +40,8 @@ struct KernelParams {
 
   bool l2_prefetch;     // bulk-prefetch rows into L2 kL2PrefetchTiles tiles ahead of the gather
   int l2_prefetch_steps;  // warp-specialized kernel: prefetch the rows of the tile pair this many steps ahead
+  bool pair_share;     // warp-specialized, 16-bit cache, 2 head groups: the two blocks of a token form a
+                       // cluster and each gathers half of every tile for both (kernel_ws.cuh)
   const int32_t* idx;  // [T, K] int32, row stride idx_stride_t
   int64_t idx_stride_t;
   const int32_t* counts;  // nullable: [T]
@@ -117,6 +119,7 @@ struct WsConfig {
     float l_part[2][64];                                 // row sums at the end
     uint64_t full[2][2];                                 // [buffer][half] rows landed
     uint64_t empty[2][2];                                // [buffer][half] consumers done with it
+    uint64_t landed[2][2];                               // [buffer][half] own rows landed (pair_share)
   };
   static constexpr size_t kSmemBytes = sizeof(SharedStorage);
 };

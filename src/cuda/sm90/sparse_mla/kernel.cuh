@@ -23,14 +23,16 @@
 
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <string>
 
 #include "cuda/common/ptx.cuh"
 #include "cuda/sm90/sparse_mla/config.h"
 #include "cuda/sm90/sparse_mla/dequant.h"
 #include "cuda/sm90/sparse_mla/launcher.h"
-#include "smla/types.h"
+#include "smla/plan.h"
 #include "smla/state.h"
+#include "smla/types.h"
 
 namespace smla::cuda::sm90::sparse_mla {
 
@@ -405,15 +407,26 @@ __global__ void __launch_bounds__(Config<kMTiles>::kThreads, 1)
 
 // Split-K merge: one block of 128 threads per (token, head), 4 output dims per thread. The
 // weights come from smla::lse_merge (state.h), the one merge rule of the project; the order of
-// the sum is fixed, so the result is deterministic.
-template <typename Elem>
+// the sum is fixed, so the result is deterministic. Every split's partial is loaded before the
+// weights are known (all loads in flight at once: one memory latency, not one per split; the
+// loop of dependent loads it replaces took 13 us at T = 1, H = 128, 32 splits: perf-notes v8).
+// kMaxS (>= num_splits) sizes the register array: 4 keeps the many-block merges of larger T at
+// full occupancy, 32 (up to kMaxSplits) serves the few blocks of T = 1..4.
+template <typename Elem, int kMaxS>
 __global__ void __launch_bounds__(128) combine_kernel(const __grid_constant__ KernelParams p) {
-  __shared__ float s_lse[32], s_w[32], s_total;
+  static_assert(kMaxS <= kMaxSplits, "one float4 register set per split below");
+  __shared__ float s_lse[kMaxSplits], s_w[kMaxSplits], s_total;
   const int64_t th = blockIdx.x;  // t * H + h
   const int64_t t = th / p.num_heads;
   const int h = int(th - t * p.num_heads);
   const int S = p.num_splits;
+  const int d = threadIdx.x * 4;
   ptx::pdl_wait();  // the partials of the attention grid (a no-op unless launched with PDL)
+  const float* part = p.part_out + th * S * kLatent + d;
+  float4 v[kMaxS];
+#pragma unroll
+  for (int s = 0; s < kMaxS; ++s)
+    v[s] = s < S ? *reinterpret_cast<const float4*>(part + s * kLatent) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   if (threadIdx.x < S) s_lse[threadIdx.x] = p.part_lse[th * S + threadIdx.x];
   __syncthreads();
   if (threadIdx.x == 0) s_total = lse_merge(s_lse, S, s_w);
@@ -421,12 +434,12 @@ __global__ void __launch_bounds__(128) combine_kernel(const __grid_constant__ Ke
   const float total = s_total;  // natural log; -inf when the row is empty
   float scale = 1.0f;
   if (p.sink != nullptr && total != -INFINITY) scale = 1.0f / (1.0f + expf(p.sink[h] - total));
-  const int d = threadIdx.x * 4;
   float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  for (int s = 0; s < S; ++s) {
+#pragma unroll
+  for (int s = 0; s < kMaxS; ++s) {
+    if (s >= S) break;
     const float w = s_w[s];
-    const float4 v = *reinterpret_cast<const float4*>(p.part_out + (th * S + s) * kLatent + d);
-    acc.x += w * v.x, acc.y += w * v.y, acc.z += w * v.z, acc.w += w * v.w;
+    acc.x += w * v[s].x, acc.y += w * v[s].y, acc.z += w * v[s].z, acc.w += w * v[s].w;
   }
   auto* out = static_cast<uint16_t*>(p.out) + t * p.out_stride_t + int64_t(h) * p.out_stride_h + d;
   const uint32_t v01 = Elem::pack(acc.x * scale, acc.y * scale), v23 = Elem::pack(acc.z * scale, acc.w * scale);
@@ -461,8 +474,28 @@ void launch_main(const KernelParams& p, cudaStream_t stream) {
 
 template <typename Elem>
 void launch_combine(const KernelParams& p, cudaStream_t stream, bool pdl) {
+  // The same shared-memory carveout as the attention kernels around it (SMLA_SM90_COMBINE_CARVEOUT=0
+  // leaves the driver's choice; A/B runs): an SM switching its L1 / shared split between kernels
+  // waits for its blocks to drain first.
+  static const bool carveout = [] {
+    const char* e = std::getenv("SMLA_SM90_COMBINE_CARVEOUT");
+    return e == nullptr || std::string(e) != "0";
+  }();
+  static std::atomic<uint64_t> attribute_set{0};
+  int dev = 0;
+  SMLA_CHECK(cudaGetDevice(&dev) == cudaSuccess, "cudaGetDevice failed");
+  const uint64_t bit = uint64_t(1) << (dev & 63);
+  if (carveout && !(attribute_set.load(std::memory_order_acquire) & bit)) {
+    for (auto* k : {combine_kernel<Elem, 4>, combine_kernel<Elem, kMaxSplits>}) {
+      const cudaError_t e =
+          cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout, int(cudaSharedmemCarveoutMaxShared));
+      SMLA_CHECK(e == cudaSuccess, std::string("cannot set the split merge's carveout: ") + cudaGetErrorString(e));
+    }
+    attribute_set.fetch_or(bit, std::memory_order_release);
+  }
+  auto* kernel = p.num_splits <= 4 ? combine_kernel<Elem, 4> : combine_kernel<Elem, kMaxSplits>;
   if (!pdl) {
-    combine_kernel<Elem><<<unsigned(p.num_tokens * p.num_heads), 128, 0, stream>>>(p);
+    kernel<<<unsigned(p.num_tokens * p.num_heads), 128, 0, stream>>>(p);
     return;
   }
   // Programmatic dependent launch: its blocks start as the attention grid's last blocks run and
@@ -476,7 +509,7 @@ void launch_combine(const KernelParams& p, cudaStream_t stream, bool pdl) {
   attr.val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = &attr;
   cfg.numAttrs = 1;
-  const cudaError_t e = cudaLaunchKernelEx(&cfg, combine_kernel<Elem>, p);
+  const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, p);
   SMLA_CHECK(e == cudaSuccess, std::string("split merge launch (PDL) failed: ") + cudaGetErrorString(e));
 }
 

@@ -1,6 +1,6 @@
 // SM90 sparse MLA, warp-specialized wgmma kernel for 64-head groups: bf16 / fp16 caches at every H
 // (heads past H zero-padded), and the quantized formats through a dequantizing producer
-// (ws_produce_quant: the launcher routes fp8_e4m3 and fp8_ds_mla here by default).
+// (ws_produce_quant: the launcher routes every quantized format here by default).
 //
 // One block per (token, 64-head group, top-k split); 3 warpgroups (WsConfig in config.h):
 //   producer (warpgroup 2): gathers the rows of two 64-entry tiles per step with cp.async into
@@ -53,28 +53,43 @@ struct WsBlock {
   int num_tiles;         // 64-entry tiles in [begin, end)
   int num_steps;         // tile pairs: tile 2 i in buffer 0, 2 i + 1 in buffer 1
   const int32_t* idx_row;
+  bool pair;             // pair_share on a 16-bit cache: gathering shared with the other head group
+  uint32_t rank;         // pair: this block's rank in its cluster (= head group); else 0
 };
 
 __device__ __forceinline__ uint32_t ws_bar(uint64_t& b) { return ptx::smem_addr(&b); }
 
-// Producer: 8 threads per row (thread c copies 16-byte chunk c of each 128-byte dim block), 16
-// rows at a time: row r = grp + 16 i of a tile (i < 4), its chunk c at (c ^ r % 8) in the atom.
+// Producer: 8 threads per row (thread c copies 16-byte chunk c of each 128-byte dim block); its
+// row groups take rows grp, grp + G, grp + 2 G, ... of a tile, chunk c at (c ^ r % 8) in the atom.
+// Alone, the 128 producer threads gather all 64 rows of a tile (G = 16). With pair_share the two
+// blocks of a token (head groups 0 and 1, one cluster) read the same rows: warps 0-2 of each
+// gather rows [32 rank, 32 rank + 32) of every tile (G = 12) and warp 3 forwards them to the other
+// block (ws_forward), so every row crosses from L2 once per token instead of twice.
 // D = 512 caches get dim block 8 zero-filled, so S always runs over 9 blocks (the Q block is
 // zero too) and consumer 0's P can overlay buffer 0's block 8 whatever D is.
+namespace ws {
+inline constexpr int kPairGatherThreads = 96;  // warps 0-2 of the producer with pair_share
+inline constexpr int kPairRows = 32;           // rows of a tile each block of a pair gathers
+}  // namespace ws
+
 __device__ __forceinline__ void ws_produce(const KernelParams& p, WsConfig::SharedStorage& s, const WsBlock& w, int wt) {
   using Cfg = WsConfig;
+  const bool pair = w.pair;
+  const int G = (pair ? ws::kPairGatherThreads : 128) / 8;
+  const int nrows = pair ? ws::kPairRows : kBlockK;
+  const int row0 = pair ? ws::kPairRows * w.rank : 0;
   const int c = wt & 7, grp = wt >> 3;
-  const uint32_t dst0 = uint32_t(grp * Cfg::kAtomBytes + ((c ^ (grp & 7)) << 4));
   const uint32_t kv_base0 = ptx::smem_addr(s.kv[0]), kv_base1 = ptx::smem_addr(s.kv[1]);
   const bool rope = p.k_steps > kLatent / 16;
   int64_t off[2][4];  // byte offsets of this thread's rows in the step's two tiles (-1: masked)
+  auto mine = [&](int i) { return grp + G * i < nrows; };
   auto load_ids = [&](int step) {
 #pragma unroll
     for (int b = 0; b < 2; ++b)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const int e = w.begin + (2 * step + b) * kBlockK + grp + 16 * i;
-        const int row = e < w.end ? __ldg(w.idx_row + e) : -1;
+        const int e = w.begin + (2 * step + b) * kBlockK + row0 + grp + G * i;
+        const int row = (mine(i) && e < w.end) ? __ldg(w.idx_row + e) : -1;
         off[b][i] = (row >= 0 && row < p.num_rows) ? int64_t(row) * p.kv_row_stride_bytes : int64_t(-1);
       }
   };
@@ -85,8 +100,8 @@ __device__ __forceinline__ void ws_produce(const KernelParams& p, WsConfig::Shar
     for (int b = 0; b < 2; ++b)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const int e = w.begin + (2 * step + b) * kBlockK + grp + 16 * i;
-        const int row = e < w.end ? __ldg(w.idx_row + e) : -1;
+        const int e = w.begin + (2 * step + b) * kBlockK + row0 + grp + G * i;
+        const int row = (mine(i) && e < w.end) ? __ldg(w.idx_row + e) : -1;
         if (row >= 0 && row < p.num_rows)
           ptx::prefetch_l2_bulk(p.kv + int64_t(row) * p.kv_row_stride_bytes, uint32_t(p.row_chunks * 16));
       }
@@ -94,18 +109,24 @@ __device__ __forceinline__ void ws_produce(const KernelParams& p, WsConfig::Shar
   // Dim blocks [kBlk0, kBlk1) of buffer kB's rows.
   auto copy = [&](auto kb, auto kblk0, auto kblk1) {
     constexpr int kB = decltype(kb)::value, kBlk0 = decltype(kblk0)::value, kBlk1 = decltype(kblk1)::value;
-    const uint32_t base = (kB == 0 ? kv_base0 : kv_base1) + dst0;
+    const uint32_t base = kB == 0 ? kv_base0 : kv_base1;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
+      if (!mine(i)) continue;
+      const int r = row0 + grp + G * i;
       const bool ok = off[kB][i] >= 0;
       const uint8_t* src = ok ? p.kv + off[kB][i] + c * 16 : reinterpret_cast<const uint8_t*>(p.idx);
-      const uint32_t dst = base + uint32_t(16 * i * Cfg::kAtomBytes);
+      const uint32_t dst = base + uint32_t(r * Cfg::kAtomBytes + ((c ^ (r & 7)) << 4));
 #pragma unroll
       for (int blk = kBlk0; blk < kBlk1; ++blk) {
         const bool ok_blk = ok && (blk < 8 || rope);
         ptx::cp_async_16_zfill(dst + uint32_t(blk * Cfg::kBlockBytes), ok_blk ? src + blk * 128 : src, ok_blk);
       }
     }
+  };
+  auto landed = [&](int b, int h) {
+    ptx::cp_async_mbar_arrive(ws_bar(s.full[b][h]));
+    if (pair) ptx::cp_async_mbar_arrive(ws_bar(s.landed[b][h]));
   };
   using I0 = std::integral_constant<int, 0>;
   using I1 = std::integral_constant<int, 1>;
@@ -117,19 +138,51 @@ __device__ __forceinline__ void ws_produce(const KernelParams& p, WsConfig::Shar
   for (int step = 0; step < w.num_steps; ++step) {
     ptx::mbar_wait(ws_bar(s.empty[0][0]), phase ^ 1);
     copy(I0{}, I0{}, I4{});
-    ptx::cp_async_mbar_arrive(ws_bar(s.full[0][0]));
+    landed(0, 0);
     ptx::mbar_wait(ws_bar(s.empty[1][1]), phase ^ 1);
     copy(I1{}, I4{}, I9{});
-    ptx::cp_async_mbar_arrive(ws_bar(s.full[1][1]));
+    landed(1, 1);
     ptx::mbar_wait(ws_bar(s.empty[0][1]), phase ^ 1);
     copy(I0{}, I4{}, I9{});
-    ptx::cp_async_mbar_arrive(ws_bar(s.full[0][1]));
+    landed(0, 1);
     ptx::mbar_wait(ws_bar(s.empty[1][0]), phase ^ 1);
     copy(I1{}, I0{}, I4{});
-    ptx::cp_async_mbar_arrive(ws_bar(s.full[1][0]));
+    landed(1, 0);
     // The next step's row ids now (cp.async once their buffers free up); L2 prefetch ahead.
     if (step + 1 < w.num_steps) load_ids(step + 1);
     prefetch(step + p.l2_prefetch_steps);
+    phase ^= 1;
+  }
+}
+
+// pair_share, one thread (warp 3 of the producer): as each half of a buffer lands here, copies
+// this block's 32 rows of it (one 4 KiB bulk copy per dim block; the layouts are identical) into
+// the other block, completing bytes on that block's full barrier; once the copies have read
+// their source, arrives on this block's full barrier expecting the other block's 32 rows.
+// The other block's half is free: the gatherers waited on this block's empty barrier, which both
+// blocks' consumers arrive on. Consumer 0's P overlays buffer 0's block 8 only after full, so
+// never before the bulk copy has read it.
+__device__ __forceinline__ void ws_forward(WsConfig::SharedStorage& s, const WsBlock& w) {
+  using Cfg = WsConfig;
+  const uint32_t peer = w.rank ^ 1u;
+  constexpr uint32_t kRowsBytes = ws::kPairRows * Cfg::kAtomBytes;  // 4 KiB of one dim block
+  uint32_t phase = 0;
+  for (int step = 0; step < w.num_steps; ++step) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int b = j & 1, h = (j == 1 || j == 2) ? 1 : 0;
+      const int blk0 = h == 0 ? 0 : 4, blk1 = h == 0 ? 4 : 9;
+      ptx::mbar_wait(ws_bar(s.landed[b][h]), phase);
+      ptx::fence_proxy_async_smem();  // the cp.async writes, before the bulk copy reads them
+      const uint32_t remote_full = ptx::mapa(ws_bar(s.full[b][h]), peer);
+      for (int blk = blk0; blk < blk1; ++blk) {
+        const uint32_t src = ptx::smem_addr(s.kv[b][blk]) + uint32_t(ws::kPairRows * w.rank) * Cfg::kAtomBytes;
+        ptx::bulk_copy_s2cluster(ptx::mapa(src, peer), src, kRowsBytes, remote_full);
+      }
+      ptx::bulk_commit();
+      ptx::bulk_wait_read_all();
+      ptx::mbar_arrive_expect_tx(ws_bar(s.full[b][h]), uint32_t(blk1 - blk0) * kRowsBytes);
+    }
     phase ^= 1;
   }
 }
@@ -512,6 +565,17 @@ __device__ __forceinline__ void ws_consume(const KernelParams& p, WsConfig::Shar
   };
   const float one[2] = {1.0f, 1.0f};
 
+  // A half of a buffer is free for the producer: every thread here has seen its wgmmas reading
+  // it complete. With pair_share the other block's producer writes into it too, so each warp
+  // also arrives (once) on the other block's empty barrier.
+  auto release = [&](int b, int h) {
+    ptx::mbar_arrive(ws_bar(s.empty[b][h]));
+    if (w.pair) {
+      __syncwarp();
+      if (lane == 0) ptx::mbar_arrive_cluster(ptx::mapa(ws_bar(s.empty[b][h]), w.rank ^ 1u));
+    }
+  };
+
   uint32_t phase = 0;
   if constexpr (kWg == 0) {
     uint32_t bits = 0;
@@ -546,7 +610,7 @@ __device__ __forceinline__ void ws_consume(const KernelParams& p, WsConfig::Shar
       ptx::wgmma_wait<0>();
       ptx::fence_operands(acc_o);
       fence_a_p();
-      ptx::mbar_arrive(ws_bar(s.empty[0][0]));
+      release(0, 0);
       // Consumer 1's max m1 >= m0: move P0, O and the sum onto it, hand P0 over.
       ptx::named_sync(ws::kBarM1, ws::kConsumerThreads);
       float m1[2];
@@ -574,13 +638,13 @@ __device__ __forceinline__ void ws_consume(const KernelParams& p, WsConfig::Shar
         bits = column_mask(2 * (step + 1));
         ptx::wgmma_wait<2>();  // P1 V1 done (the two score groups may still run)
         ptx::fence_operands(acc_o);
-        ptx::mbar_arrive(ws_bar(s.empty[1][0]));
+        release(1, 0);
         ptx::wgmma_wait<0>();
         ptx::fence_operands(acc_s);
       } else {
         ptx::wgmma_wait<0>();
         ptx::fence_operands(acc_o);
-        ptx::mbar_arrive(ws_bar(s.empty[1][0]));
+        release(1, 0);
       }
     }
   } else {
@@ -621,10 +685,10 @@ __device__ __forceinline__ void ws_consume(const KernelParams& p, WsConfig::Shar
       ptx::named_arrive(ws::kBarP1, ws::kConsumerThreads);
       ptx::wgmma_wait<1>();
       fence_a_p();
-      ptx::mbar_arrive(ws_bar(s.empty[1][1]));
+      release(1, 1);
       ptx::wgmma_wait<0>();
       ptx::fence_operands(acc_o);
-      ptx::mbar_arrive(ws_bar(s.empty[0][1]));
+      release(0, 1);
       phase ^= 1;
     }
   }
@@ -699,26 +763,44 @@ __global__ void __launch_bounds__(WsConfig::kThreads, 1) sparse_mla_ws_kernel(co
   w.num_steps = (w.num_tiles + 1) / 2;
   w.idx_row = p.idx + w.t * p.idx_stride_t;
 
+  const bool pair = kRow == RowFormat::kNative16 && p.pair_share;
+  w.pair = pair;
+  w.rank = pair ? ptx::cluster_ctarank() : 0u;
   if (threadIdx.x == 0) {
     for (int b = 0; b < 2; ++b)
       for (int h = 0; h < 2; ++h) {
-        ptx::mbar_init(ws_bar(s.full[b][h]), 128);   // every producer thread's cp.async arrival
-        ptx::mbar_init(ws_bar(s.empty[b][h]), 128);  // every thread of the releasing consumer
+        // full: every gathering producer thread's cp.async arrival (+ the forwarder's, expecting
+        // the other block's rows); empty: every thread of the releasing consumer (+ one per warp
+        // of the other block's); landed: the gatherers' own rows (pair_share).
+        ptx::mbar_init(ws_bar(s.full[b][h]), pair ? ws::kPairGatherThreads + 1 : 128);
+        ptx::mbar_init(ws_bar(s.empty[b][h]), pair ? 128 + 4 : 128);
+        ptx::mbar_init(ws_bar(s.landed[b][h]), ws::kPairGatherThreads);
       }
     ptx::fence_mbar_init();
   }
-  __syncthreads();
+  // With pair_share the other block arrives on these barriers: both must be initialized first.
+  if (pair) ptx::cluster_sync();
+  else __syncthreads();
   ptx::pdl_launch_dependents();  // the split merge (if PDL-launched) may start its blocks now
 
   const int wg = threadIdx.x / 128, wt = threadIdx.x % 128;
   if (wg == 2) {
     ptx::setmaxnreg_dec<Cfg::kProducerRegs>();
-    if constexpr (kRow == RowFormat::kNative16) ws_produce(p, s, w, wt);
-    else ws_produce_quant<kRow>(p, s, w, wt);
+    if constexpr (kRow == RowFormat::kNative16) {
+      if (!pair || wt < ws::kPairGatherThreads) ws_produce(p, s, w, wt);
+      else if (wt == ws::kPairGatherThreads) ws_forward(s, w);
+    } else {
+      ws_produce_quant<kRow>(p, s, w, wt);
+    }
   } else {
     ptx::setmaxnreg_inc<Cfg::kConsumerRegs>();
     if (wg == 0) ws_consume<Elem, 0>(p, s, w, wt);
     else ws_consume<Elem, 1>(p, s, w, wt);
+  }
+  // No block of a pair leaves while the other may still copy into it or arrive on its barriers.
+  if (pair) {
+    __syncwarp();
+    ptx::cluster_sync();
   }
 }
 
@@ -745,7 +827,23 @@ void launch_ws(const KernelParams& p, cudaStream_t stream) {
     attribute_set.fetch_or(bit, std::memory_order_release);
   }
   const dim3 grid(unsigned(p.num_tokens * p.head_groups), 1, unsigned(p.num_splits));
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
+  if (!p.pair_share) {
+    kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
+    return;
+  }
+  // The two head groups of a token (adjacent on grid.x) as one cluster.
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(Cfg::kThreads);
+  cfg.dynamicSmemBytes = Cfg::kSmemBytes;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = 2, attr.val.clusterDim.y = 1, attr.val.clusterDim.z = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, p);
+  SMLA_CHECK(e == cudaSuccess, std::string("sparse MLA kernel launch (cluster of 2) failed: ") + cudaGetErrorString(e));
 }
 
 }  // namespace smla::cuda::sm90::sparse_mla

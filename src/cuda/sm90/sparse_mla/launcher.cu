@@ -85,17 +85,27 @@ bool small_h_on_ws() {
   return v;
 }
 
-// Quantized caches on the warp-specialized kernel (its producer warpgroup dequantizes): the fp8
-// formats by default (2.2-3x faster than the mma.sync kernel, docs/perf-notes.md v7); nvfp4_ds_mla
-// stays on the mma.sync kernel, faster there until its e2m1 decode gets a hardware path.
-// SMLA_SM90_QUANT=ws / =mma forces every quantized format onto one of them (A/B runs).
-bool quant_on_ws(KvFormat f) {
-  static const int v = [] {
+// Quantized caches on the warp-specialized kernel (its producer warpgroup dequantizes): every
+// format by default (fp8 2.2-3x and nvfp4_ds_mla 1.6-1.8x faster than on the mma.sync kernel,
+// docs/perf-notes.md v7, v8). SMLA_SM90_QUANT=mma puts them back on the mma.sync kernel, =ws
+// (the default) keeps them here (A/B runs).
+bool quant_on_ws(KvFormat) {
+  static const bool v = [] {
     const char* e = std::getenv("SMLA_SM90_QUANT");
-    const std::string s = e == nullptr ? "" : e;
-    return s == "ws" ? 1 : s == "mma" ? 0 : -1;
+    return e == nullptr || std::string(e) != "mma";
   }();
-  return v < 0 ? f != KvFormat::kNvFP4DsMla : v == 1;
+  return v;
+}
+
+// 16-bit caches with two head groups (H > 64) can gather each tile once per token: the two
+// blocks of a token form a cluster and share their rows (kernel_ws.cuh). Measured slower (H = 128,
+// T = 4096: 7.51 ms vs 5.77 ms without; docs/perf-notes.md v8), so only SMLA_SM90_PAIR=1 turns it on.
+bool pair_share_env() {
+  static const bool v = [] {
+    const char* e = std::getenv("SMLA_SM90_PAIR");
+    return e != nullptr && std::string(e) == "1";
+  }();
+  return v;
 }
 
 // The split merge as a programmatic dependent launch: SMLA_SM90_PDL=1 (A/B runs; not measured yet,
@@ -119,7 +129,7 @@ k::RowFormat row_format_of(KvFormat f) {
   }
 }
 
-// The warp-specialized kernel takes 16-bit caches and (quant_on_ws) the fp8 formats, never an
+// The warp-specialized kernel takes 16-bit caches and (quant_on_ws) the quantized ones, never an
 // e4m3 q (the mma.sync kernel widens it on load).
 bool runs_on_ws(const SparseMlaParams& p) {
   return !mma_only() && p.q_dtype != DType::kE4M3 &&
@@ -140,7 +150,10 @@ void launch_quantized(int tile, const k::KernelParams& kp, cudaStream_t s) {
 int sparse_mla_auto_splits(const SparseMlaParams& p, int num_sms) { return num_splits_for(p, num_sms); }
 
 std::string sparse_mla_variant(const SparseMlaParams& p) {
-  if (runs_on_ws(p)) return "h64.ws";
+  if (runs_on_ws(p))
+    return row_format_of(p.format) == k::RowFormat::kNative16 && k::head_groups_for(p.num_heads) == 2 && pair_share_env()
+               ? "h64.ws.pair"
+               : "h64.ws";
   const int tile = k::head_tile_for(p.num_heads);
   return "h" + std::to_string(tile) + ".mma";
 }
@@ -191,6 +204,7 @@ void sparse_mla(const SparseMlaParams& p, void* workspace, size_t workspace_byte
   const int prefetch = l2_prefetch_env();
   kp.l2_prefetch = prefetch < 0 ? !ws : prefetch > 0;
   kp.l2_prefetch_steps = prefetch < 0 ? 0 : prefetch;
+  kp.pair_share = ws && row_format == k::RowFormat::kNative16 && kp.head_groups == 2 && pair_share_env();
   kp.idx = p.idx;
   kp.idx_stride_t = p.idx_stride_t;
   kp.counts = p.counts;
