@@ -157,8 +157,8 @@ __device__ __forceinline__ void ws_produce(const KernelParams& p, WsConfig::Shar
 
 // pair_share, one thread (warp 3 of the producer): as each half of a buffer lands here, copies
 // this block's 32 rows of it (one 4 KiB bulk copy per dim block; the layouts are identical) into
-// the other block, completing bytes on that block's full barrier; once the copies have read
-// their source, arrives on this block's full barrier expecting the other block's 32 rows.
+// the other block, completing bytes on that block's full barrier, and arrives on this block's
+// full barrier expecting the other block's 32 rows.
 // The other block's half is free: the gatherers waited on this block's empty barrier, which both
 // blocks' consumers arrive on. Consumer 0's P overlays buffer 0's block 8 only after full, so
 // never before the bulk copy has read it.
@@ -180,7 +180,10 @@ __device__ __forceinline__ void ws_forward(WsConfig::SharedStorage& s, const WsB
         ptx::bulk_copy_s2cluster(ptx::mapa(src, peer), src, kRowsBytes, remote_full);
       }
       ptx::bulk_commit();
-      ptx::bulk_wait_read_all();
+      // Only buffer 0's dims 4-8 need the source read first: consumer 0's P overlays its block 8
+      // once full. Any other half is rewritten only after both blocks released it, and the other
+      // block releases it only after these copies completed there.
+      if (b == 0 && h == 1) ptx::bulk_wait_read_all();
       ptx::mbar_arrive_expect_tx(ws_bar(s.full[b][h]), uint32_t(blk1 - blk0) * kRowsBytes);
     }
     phase ^= 1;
