@@ -328,7 +328,7 @@ TEST(SparseMlaSm90Edge, BadArgumentsRefused) {
 // docs/perf-notes.md v6/v7 measured; an SMLA_SM90_* switch in the environment changes it, so the
 // test says so instead of failing then.
 TEST(SparseMlaSm90Routing, DefaultVariants) {
-  for (const char* e : {"SMLA_SM90_KERNEL", "SMLA_SM90_SMALL_H", "SMLA_SM90_QUANT", "SMLA_SM90_PAIR"})
+  for (const char* e : {"SMLA_SM90_KERNEL", "SMLA_SM90_SMALL_H", "SMLA_SM90_QUANT"})
     if (std::getenv(e) != nullptr) GTEST_SKIP() << e << " is set: the routing is not the default one";
   auto variant = [](KvFormat f, int H, DType q) {
     smla::SparseMlaParams p;

@@ -40,8 +40,6 @@ struct KernelParams {
 
   bool l2_prefetch;     // bulk-prefetch rows into L2 kL2PrefetchTiles tiles ahead of the gather
   int l2_prefetch_steps;  // warp-specialized kernel: prefetch the rows of the tile pair this many steps ahead
-  bool pair_share;     // warp-specialized, 16-bit cache, 2 head groups: the two blocks of a token form a
-                       // cluster and each gathers half of every tile for both (kernel_ws.cuh)
   const int32_t* idx;  // [T, K] int32, row stride idx_stride_t
   int64_t idx_stride_t;
   const int32_t* counts;  // nullable: [T]
@@ -96,11 +94,11 @@ struct Config {
   static constexpr size_t kSmemBytes = sizeof(SharedStorage);
 };
 
-// The warp-specialized variant (head tile 64, kernel_ws.cuh): a producer warpgroup gathers rows
-// with cp.async into two tile buffers; consumer warpgroup w scores buffer w (S = Q K^T over the
-// whole 64 x 64 tile) and owns output dims [256 w, 256 w + 256) of both tiles, with its own P from
-// registers and the other warpgroup's P from shared memory. Each buffer is released in two halves
-// (dim blocks 0-3 and 4-8), so the producer refills one half while the other is still read.
+// The warp-specialized variant (head tile 64, kernel_ws.cuh): a producer warpgroup gathers one
+// tile at a time with cp.async into two tile buffers (tile i + 1 lands while tile i is computed);
+// consumer warpgroup w scores entries [32 w, 32 w + 32) of the tile and owns output dims
+// [256 w, 256 w + 256), with its own half of P from registers and the other half from shared
+// memory. Each buffer is released in two halves (dim blocks 0-3 and 4-8).
 struct WsConfig {
   static constexpr int kHeadTile = 64;
   static constexpr int kThreads = 3 * 128;
@@ -113,20 +111,19 @@ struct WsConfig {
   struct SharedStorage {
     alignas(1024) uint16_t q[kDimBlocks][64 * 64];       // (9, 64 heads, 64)
     alignas(1024) uint16_t kv[2][kDimBlocks][64 * 64];   // buffer w: the tile scored by consumer w
-    alignas(1024) uint16_t p1[64 * 64];                  // consumer 1's P; consumer 0's P overlays
-                                                         // kv[0][8] (the RoPE block, read only by S)
-    float m_share[64];                                   // row maxima handed between the consumers
+    alignas(1024) uint16_t p[64 * 64];                   // a tile's P (64 heads x 64 entries); consumer w
+                                                         // writes entries [32 w, 32 w + 32)
+    float m_part[2][2][64];                              // [tile % 2][consumer] row maxima of its half
     float l_part[2][64];                                 // row sums at the end
     uint64_t full[2][2];                                 // [buffer][half] rows landed
     uint64_t empty[2][2];                                // [buffer][half] consumers done with it
-    uint64_t landed[2][2];                               // [buffer][half] own rows landed (pair_share)
   };
   static constexpr size_t kSmemBytes = sizeof(SharedStorage);
 };
 
 inline constexpr size_t kSmemLimit = 227 * 1024;  // SM90 opt-in per-block limit
 static_assert(WsConfig::kSmemBytes <= kSmemLimit, "warp-specialized variant: shared memory over 227 KiB");
-static_assert(offsetof(WsConfig::SharedStorage, kv) % 1024 == 0 && offsetof(WsConfig::SharedStorage, p1) % 1024 == 0,
+static_assert(offsetof(WsConfig::SharedStorage, kv) % 1024 == 0 && offsetof(WsConfig::SharedStorage, p) % 1024 == 0,
               "warp-specialized operands must start on 1024-byte swizzle atoms");
 // setmaxnreg.inc only takes registers that setmaxnreg.dec gave back inside the block: the
 // consumers' growth must fit in what the producer releases, or they wait forever (a hang, not

@@ -3,23 +3,21 @@
 // (ws_produce_quant: the launcher routes every quantized format here by default).
 //
 // One block per (token, 64-head group, top-k split); 3 warpgroups (WsConfig in config.h):
-//   producer (warpgroup 2): gathers the rows of two 64-entry tiles per step with cp.async into
-//     buffers 0 and 1, each buffer in two halves (dim blocks 0-3, 4-8) with a "full" mbarrier
-//     (cp.async arrivals) and an "empty" mbarrier (consumer arrivals); masked entries are
-//     zero-filled, never read.
-//   consumer w (warpgroup 0 / 1): S_w = Q K_w^T for the tile in buffer w (64 x 64, m64n64k16, Q
-//     and K in shared memory), masked online softmax, then its 256 output dims of both tiles:
-//     O_w += P_w V_w (P from registers) + P_other V_other (P from shared memory).
-// Both tiles' P of a step must share one reference max per row: consumer 0 publishes its max m0,
-// consumer 1 takes m1 = max(m0, its own) and publishes it, consumer 0 rescales its P by
-// 2^(m0 - m1) before handing it over (and its O before the second product). The exchange runs on
-// named barriers between the two consumer warpgroups:
-//   kBarM0 (0 -> 1: m0 in m_share), kBarM1 (1 -> 0: m1 in m_share), kBarP0 (0 -> 1: P0 stored),
-//   kBarP1 (1 -> 0: P1 stored), kBarConsumers (both: Q loaded, row sums exchanged).
-// Release order of the halves (each consumer arrives once its wgmmas reading it completed):
-//   buffer 0 dims 0-3: consumer 0 after P0 V0; buffer 1 dims 4-8: consumer 1 after P1 V1;
-//   buffer 0 dims 4-8: consumer 1 after P0 V0; buffer 1 dims 0-3: consumer 0 after P1 V1 —
-// the order in which the producer refills them.
+//   producer (warpgroup 2): gathers the rows of one 64-entry tile at a time with cp.async into
+//     buffer i % 2 for tile i, each buffer in two halves (dim blocks 0-3, 4-8) with a "full"
+//     mbarrier (cp.async arrivals) and an "empty" mbarrier (consumer arrivals); masked entries are
+//     zero-filled, never read. Tile i + 1 is gathered while the consumers compute tile i.
+//   consumer w (warpgroup 0 / 1): S_w = Q K^T for score columns [32 w, 32 w + 32) of the tile
+//     (64 heads x 32 rows, m64n32k16, Q and K in shared memory), masked online softmax over the
+//     whole tile (row maxima exchanged), then its 256 output dims:
+//     O_w += P_w V (P from registers) + P_other V (the other half of P, from shared memory).
+// Both warpgroups take the same running max per row (max of both halves), so their O halves and
+// row sums stay on one reference. Named barriers between the two consumer warpgroups:
+//   kBarMax (row maxima of a tile exchanged), kBarP (both P halves stored),
+//   kBarConsumers (Q loaded, row sums exchanged).
+// Release of a tile's halves (each consumer warpgroup arrives once per half and tile): the half
+// its own P V does not read right after its S, the other after its P V — consumer 0's P V reads
+// dims 0-255 (blocks 0-3), consumer 1's dims 256-511 (blocks 4-7).
 #pragma once
 
 #include <string>
@@ -33,7 +31,7 @@
 namespace smla::cuda::sm90::sparse_mla {
 
 namespace ws {
-inline constexpr uint32_t kBarConsumers = 1, kBarM0 = 2, kBarM1 = 3, kBarP0 = 4, kBarP1 = 5;
+inline constexpr uint32_t kBarConsumers = 1, kBarMax = 2, kBarP = 3;
 inline constexpr uint32_t kConsumerThreads = 256;
 // -inf-safe reference for exp2: a row with no valid entry so far keeps max -inf and reference 0.
 __device__ __forceinline__ float ref_of(float m) { return m == -INFINITY ? 0.0f : m; }
@@ -50,73 +48,49 @@ struct WsBlock {
   int head0;             // first head of the 64-head group
   int split;             // top-k split
   int begin, end;        // entries [begin, end) of the idx row
-  int num_tiles;         // 64-entry tiles in [begin, end)
-  int num_steps;         // tile pairs: tile 2 i in buffer 0, 2 i + 1 in buffer 1
+  int num_tiles;         // 64-entry tiles in [begin, end): tile i in buffer i % 2
   const int32_t* idx_row;
-  bool pair;             // pair_share on a 16-bit cache: gathering shared with the other head group
-  uint32_t rank;         // pair: this block's rank in its cluster (= head group); else 0
 };
 
 __device__ __forceinline__ uint32_t ws_bar(uint64_t& b) { return ptx::smem_addr(&b); }
 
-// Producer: 8 threads per row (thread c copies 16-byte chunk c of each 128-byte dim block); its
-// row groups take rows grp, grp + G, grp + 2 G, ... of a tile, chunk c at (c ^ r % 8) in the atom.
-// Alone, the 128 producer threads gather all 64 rows of a tile (G = 16). With pair_share the two
-// blocks of a token (head groups 0 and 1, one cluster) read the same rows: warps 0-2 of each
-// gather rows [32 rank, 32 rank + 32) of every tile (G = 12) and warp 3 forwards them to the other
-// block (ws_forward), so every row crosses from L2 once per token instead of twice.
+// Producer: 8 threads per row (thread c copies 16-byte chunk c of each 128-byte dim block), 16
+// rows at a time: row r = grp + 16 i of a tile (i < 4), its chunk c at (c ^ r % 8) in the atom.
 // D = 512 caches get dim block 8 zero-filled, so S always runs over 9 blocks (the Q block is
-// zero too) and consumer 0's P can overlay buffer 0's block 8 whatever D is.
-namespace ws {
-inline constexpr int kPairGatherThreads = 96;  // warps 0-2 of the producer with pair_share
-inline constexpr int kPairRows = 32;           // rows of a tile each block of a pair gathers
-}  // namespace ws
-
+// zero too).
 __device__ __forceinline__ void ws_produce(const KernelParams& p, WsConfig::SharedStorage& s, const WsBlock& w, int wt) {
   using Cfg = WsConfig;
-  const bool pair = w.pair;
-  const int G = (pair ? ws::kPairGatherThreads : 128) / 8;
-  const int nrows = pair ? ws::kPairRows : kBlockK;
-  const int row0 = pair ? ws::kPairRows * w.rank : 0;
   const int c = wt & 7, grp = wt >> 3;
-  const uint32_t kv_base0 = ptx::smem_addr(s.kv[0]), kv_base1 = ptx::smem_addr(s.kv[1]);
+  const uint32_t dst0 = uint32_t(grp * Cfg::kAtomBytes + ((c ^ (grp & 7)) << 4));
   const bool rope = p.k_steps > kLatent / 16;
-  int64_t off[2][4];  // byte offsets of this thread's rows in the step's two tiles (-1: masked)
-  auto mine = [&](int i) { return grp + G * i < nrows; };
-  auto load_ids = [&](int step) {
-#pragma unroll
-    for (int b = 0; b < 2; ++b)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int e = w.begin + (2 * step + b) * kBlockK + row0 + grp + G * i;
-        const int row = (mine(i) && e < w.end) ? __ldg(w.idx_row + e) : -1;
-        off[b][i] = (row >= 0 && row < p.num_rows) ? int64_t(row) * p.kv_row_stride_bytes : int64_t(-1);
-      }
-  };
-  // L2 bulk prefetch of a step's rows (one thread per row), l2_prefetch_steps ahead of its gather.
-  auto prefetch = [&](int step) {
-    if (!p.l2_prefetch || c != 0 || step >= w.num_steps) return;
-#pragma unroll
-    for (int b = 0; b < 2; ++b)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int e = w.begin + (2 * step + b) * kBlockK + row0 + grp + G * i;
-        const int row = (mine(i) && e < w.end) ? __ldg(w.idx_row + e) : -1;
-        if (row >= 0 && row < p.num_rows)
-          ptx::prefetch_l2_bulk(p.kv + int64_t(row) * p.kv_row_stride_bytes, uint32_t(p.row_chunks * 16));
-      }
-  };
-  // Dim blocks [kBlk0, kBlk1) of buffer kB's rows.
-  auto copy = [&](auto kb, auto kblk0, auto kblk1) {
-    constexpr int kB = decltype(kb)::value, kBlk0 = decltype(kblk0)::value, kBlk1 = decltype(kblk1)::value;
-    const uint32_t base = kB == 0 ? kv_base0 : kv_base1;
+  int64_t off[4];  // byte offsets of this thread's rows in the next tile (-1: masked)
+  auto load_ids = [&](int tile) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      if (!mine(i)) continue;
-      const int r = row0 + grp + G * i;
-      const bool ok = off[kB][i] >= 0;
-      const uint8_t* src = ok ? p.kv + off[kB][i] + c * 16 : reinterpret_cast<const uint8_t*>(p.idx);
-      const uint32_t dst = base + uint32_t(r * Cfg::kAtomBytes + ((c ^ (r & 7)) << 4));
+      const int e = w.begin + tile * kBlockK + grp + 16 * i;
+      const int row = e < w.end ? __ldg(w.idx_row + e) : -1;
+      off[i] = (row >= 0 && row < p.num_rows) ? int64_t(row) * p.kv_row_stride_bytes : int64_t(-1);
+    }
+  };
+  // L2 bulk prefetch of a tile's rows (one thread per row), l2_prefetch_steps tile pairs ahead.
+  auto prefetch = [&](int tile) {
+    if (!p.l2_prefetch || c != 0 || tile >= w.num_tiles) return;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int e = w.begin + tile * kBlockK + grp + 16 * i;
+      const int row = e < w.end ? __ldg(w.idx_row + e) : -1;
+      if (row >= 0 && row < p.num_rows)
+        ptx::prefetch_l2_bulk(p.kv + int64_t(row) * p.kv_row_stride_bytes, uint32_t(p.row_chunks * 16));
+    }
+  };
+  // Dim blocks [kBlk0, kBlk1) of the tile's rows into the buffer at `base`.
+  auto copy = [&](uint32_t base, auto kblk0, auto kblk1) {
+    constexpr int kBlk0 = decltype(kblk0)::value, kBlk1 = decltype(kblk1)::value;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const bool ok = off[i] >= 0;
+      const uint8_t* src = ok ? p.kv + off[i] + c * 16 : reinterpret_cast<const uint8_t*>(p.idx);
+      const uint32_t dst = base + dst0 + uint32_t(16 * i * Cfg::kAtomBytes);
 #pragma unroll
       for (int blk = kBlk0; blk < kBlk1; ++blk) {
         const bool ok_blk = ok && (blk < 8 || rope);
@@ -124,69 +98,25 @@ __device__ __forceinline__ void ws_produce(const KernelParams& p, WsConfig::Shar
       }
     }
   };
-  auto landed = [&](int b, int h) {
-    ptx::cp_async_mbar_arrive(ws_bar(s.full[b][h]));
-    if (pair) ptx::cp_async_mbar_arrive(ws_bar(s.landed[b][h]));
-  };
   using I0 = std::integral_constant<int, 0>;
-  using I1 = std::integral_constant<int, 1>;
   using I4 = std::integral_constant<int, 4>;
   using I9 = std::integral_constant<int, 9>;
-  uint32_t phase = 0;
-  if (w.num_steps > 0) load_ids(0);
-  for (int step = 1; step < p.l2_prefetch_steps; ++step) prefetch(step);
-  for (int step = 0; step < w.num_steps; ++step) {
-    ptx::mbar_wait(ws_bar(s.empty[0][0]), phase ^ 1);
-    copy(I0{}, I0{}, I4{});
-    landed(0, 0);
-    ptx::mbar_wait(ws_bar(s.empty[1][1]), phase ^ 1);
-    copy(I1{}, I4{}, I9{});
-    landed(1, 1);
-    ptx::mbar_wait(ws_bar(s.empty[0][1]), phase ^ 1);
-    copy(I0{}, I4{}, I9{});
-    landed(0, 1);
-    ptx::mbar_wait(ws_bar(s.empty[1][0]), phase ^ 1);
-    copy(I1{}, I0{}, I4{});
-    landed(1, 0);
-    // The next step's row ids now (cp.async once their buffers free up); L2 prefetch ahead.
-    if (step + 1 < w.num_steps) load_ids(step + 1);
-    prefetch(step + p.l2_prefetch_steps);
-    phase ^= 1;
-  }
-}
-
-// pair_share, one thread (warp 3 of the producer): as each half of a buffer lands here, copies
-// this block's 32 rows of it (one 4 KiB bulk copy per dim block; the layouts are identical) into
-// the other block, completing bytes on that block's full barrier, and arrives on this block's
-// full barrier expecting the other block's 32 rows.
-// The other block's half is free: the gatherers waited on this block's empty barrier, which both
-// blocks' consumers arrive on. Consumer 0's P overlays buffer 0's block 8 only after full, so
-// never before the bulk copy has read it.
-__device__ __forceinline__ void ws_forward(WsConfig::SharedStorage& s, const WsBlock& w) {
-  using Cfg = WsConfig;
-  const uint32_t peer = w.rank ^ 1u;
-  constexpr uint32_t kRowsBytes = ws::kPairRows * Cfg::kAtomBytes;  // 4 KiB of one dim block
-  uint32_t phase = 0;
-  for (int step = 0; step < w.num_steps; ++step) {
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int b = j & 1, h = (j == 1 || j == 2) ? 1 : 0;
-      const int blk0 = h == 0 ? 0 : 4, blk1 = h == 0 ? 4 : 9;
-      ptx::mbar_wait(ws_bar(s.landed[b][h]), phase);
-      ptx::fence_proxy_async_smem();  // the cp.async writes, before the bulk copy reads them
-      const uint32_t remote_full = ptx::mapa(ws_bar(s.full[b][h]), peer);
-      for (int blk = blk0; blk < blk1; ++blk) {
-        const uint32_t src = ptx::smem_addr(s.kv[b][blk]) + uint32_t(ws::kPairRows * w.rank) * Cfg::kAtomBytes;
-        ptx::bulk_copy_s2cluster(ptx::mapa(src, peer), src, kRowsBytes, remote_full);
-      }
-      ptx::bulk_commit();
-      // Only buffer 0's dims 4-8 need the source read first: consumer 0's P overlays its block 8
-      // once full. Any other half is rewritten only after both blocks released it, and the other
-      // block releases it only after these copies completed there.
-      if (b == 0 && h == 1) ptx::bulk_wait_read_all();
-      ptx::mbar_arrive_expect_tx(ws_bar(s.full[b][h]), uint32_t(blk1 - blk0) * kRowsBytes);
-    }
-    phase ^= 1;
+  const int ahead = 2 * p.l2_prefetch_steps;
+  if (w.num_tiles > 0) load_ids(0);
+  for (int tile = 1; tile < ahead; ++tile) prefetch(tile);
+  for (int tile = 0; tile < w.num_tiles; ++tile) {
+    const int b = tile & 1;
+    const uint32_t parity = ((tile >> 1) & 1) ^ 1;
+    const uint32_t base = ptx::smem_addr(s.kv[b]);
+    ptx::mbar_wait(ws_bar(s.empty[b][0]), parity);
+    copy(base, I0{}, I4{});
+    ptx::cp_async_mbar_arrive(ws_bar(s.full[b][0]));
+    ptx::mbar_wait(ws_bar(s.empty[b][1]), parity);
+    copy(base, I4{}, I9{});
+    ptx::cp_async_mbar_arrive(ws_bar(s.full[b][1]));
+    // The next tile's row ids now (cp.async once its buffer frees up); L2 prefetch ahead.
+    if (tile + 1 < w.num_tiles) load_ids(tile + 1);
+    prefetch(tile + ahead);
   }
 }
 
@@ -227,16 +157,15 @@ __device__ __forceinline__ void ws_produce_quant(const KernelParams& p, WsConfig
   const uint32_t kv_base0 = ptx::smem_addr(s.kv[0]), kv_base1 = ptx::smem_addr(s.kv[1]);
   const bool rope = p.k_steps > kLatent / 16;
   const int row_bytes = p.raw_chunks * 16;  // bytes of a stored row the kernel may read
-  int64_t off[2][4];                        // byte offsets of this thread's rows (-1: masked)
-  auto load_ids = [&](int step) {
+  int64_t off[2][4];                        // byte offsets of this thread's rows per buffer (-1: masked)
+  auto load_ids = [&](auto kb, int tile) {
+    constexpr int kB = decltype(kb)::value;
 #pragma unroll
-    for (int b = 0; b < 2; ++b)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int e = w.begin + (2 * step + b) * kBlockK + grp + 16 * i;
-        const int row = e < w.end ? __ldg(w.idx_row + e) : -1;
-        off[b][i] = (row >= 0 && row < p.num_rows) ? int64_t(row) * p.kv_row_stride_bytes : int64_t(-1);
-      }
+    for (int i = 0; i < 4; ++i) {
+      const int e = w.begin + tile * kBlockK + grp + 16 * i;
+      const int row = e < w.end ? __ldg(w.idx_row + e) : -1;
+      off[kB][i] = (row >= 0 && row < p.num_rows) ? int64_t(row) * p.kv_row_stride_bytes : int64_t(-1);
+    }
   };
   // cp.async of half kH of buffer kB (one commit group).
   auto issue = [&](auto kb, auto kh) {
@@ -324,28 +253,29 @@ __device__ __forceinline__ void ws_produce_quant(const KernelParams& p, WsConfig
 
   using I0 = std::integral_constant<int, 0>;
   using I1 = std::integral_constant<int, 1>;
-  // Halves in order: (buffer 0, dims 0-3), (1, 4-8), (0, 4-8), (1, 0-3) per step, as the
-  // consumers release them. Half q is issued, then half q - 1 dequantized.
-  const int num_halves = 4 * w.num_steps;
+  // Halves in order: tile i's dims 0-3, then its dims 4-8, in buffer i % 2 (half q: tile q / 2).
+  // Half q is issued, then half q - 1 dequantized.
+  const int num_halves = 2 * w.num_tiles;
+  auto half_of = [](int q, int& b, int& h) { b = (q >> 1) & 1, h = q & 1; };
   auto wait_empty = [&](int q) {
-    const int j = q & 3;
-    const int b = j & 1, h = (j == 1 || j == 2) ? 1 : 0;
+    int b, h;
+    half_of(q, b, h);
     ptx::mbar_wait(ws_bar(s.empty[b][h]), ((q >> 2) & 1) ^ 1);
   };
   auto issue_q = [&](int q) {
     switch (q & 3) {
-      case 0: load_ids(q >> 2); issue(I0{}, I0{}); break;
-      case 1: issue(I1{}, I1{}); break;
-      case 2: issue(I0{}, I1{}); break;
-      default: issue(I1{}, I0{}); break;
+      case 0: load_ids(I0{}, q >> 1); issue(I0{}, I0{}); break;
+      case 1: issue(I0{}, I1{}); break;
+      case 2: load_ids(I1{}, q >> 1); issue(I1{}, I0{}); break;
+      default: issue(I1{}, I1{}); break;
     }
   };
   auto convert_q = [&](int q, bool next_issued) {
     switch (q & 3) {
       case 0: next_issued ? convert(I0{}, I0{}, I1{}) : convert(I0{}, I0{}, I0{}); break;
-      case 1: next_issued ? convert(I1{}, I1{}, I1{}) : convert(I1{}, I1{}, I0{}); break;
-      case 2: next_issued ? convert(I0{}, I1{}, I1{}) : convert(I0{}, I1{}, I0{}); break;
-      default: next_issued ? convert(I1{}, I0{}, I1{}) : convert(I1{}, I0{}, I0{}); break;
+      case 1: next_issued ? convert(I0{}, I1{}, I1{}) : convert(I0{}, I1{}, I0{}); break;
+      case 2: next_issued ? convert(I1{}, I0{}, I1{}) : convert(I1{}, I0{}, I0{}); break;
+      default: next_issued ? convert(I1{}, I1{}, I1{}) : convert(I1{}, I1{}, I0{}); break;
     }
   };
   if (num_halves > 0) {
@@ -357,8 +287,8 @@ __device__ __forceinline__ void ws_produce_quant(const KernelParams& p, WsConfig
     // consumers may need this half before they free the next one.
     bool next_issued = false;
     if (q + 1 < num_halves) {
-      const int j = (q + 1) & 3;
-      const int b = j & 1, h = (j == 1 || j == 2) ? 1 : 0;
+      int b, h;
+      half_of(q + 1, b, h);
       // Lane 0 decides for its warp: the convert() instantiations have their own (aligned)
       // bar.sync instructions, which all lanes of a warp must reach together. Warps may differ:
       // each thread's cp.async groups and waits are its own.
@@ -377,7 +307,7 @@ __device__ __forceinline__ void ws_produce_quant(const KernelParams& p, WsConfig
   }
 }
 
-// Consumer kWg: scores buffer kWg, owns output dims [256 kWg, 256 kWg + 256).
+// Consumer kWg: score columns [32 kWg, 32 kWg + 32) of every tile, output dims [256 kWg, 256 kWg + 256).
 template <typename Elem, int kWg>
 __device__ __forceinline__ void ws_consume(const KernelParams& p, WsConfig::SharedStorage& s, const WsBlock& w,
                                            int wt) {
@@ -386,6 +316,7 @@ __device__ __forceinline__ void ws_consume(const KernelParams& p, WsConfig::Shar
   const int wrow = warp * 16;              // first of this warp's 16 rows (heads) in the tile
   const int g = lane >> 2, tq = lane & 3;  // fragment row / column pair
   const int tid = kWg * 128 + wt;
+  constexpr int kCol0 = kWg * 32;  // this warpgroup's score columns = tile rows [kCol0, kCol0 + 32)
 
   // Q (64 heads x 576) -> shared memory, swizzled 128-byte atoms; heads past H and (D = 512)
   // dim block 8 are zero.
@@ -428,51 +359,48 @@ __device__ __forceinline__ void ws_consume(const KernelParams& p, WsConfig::Shar
 #pragma unroll
   for (int i = 0; i < 128; ++i) acc_o[i] = 0.0f;
   float m_run[2] = {-INFINITY, -INFINITY};  // rows wrow + g, wrow + g + 8 (log2 domain)
-  float l_run[2] = {0.0f, 0.0f};
+  float l_run[2] = {0.0f, 0.0f};            // sums over this warpgroup's columns
 
-  const uint32_t kv_own = ptx::smem_addr(s.kv[kWg]), kv_peer = ptx::smem_addr(s.kv[kWg ^ 1]);
-  const uint32_t p0_addr = ptx::smem_addr(s.kv[0][8]), p1_addr = ptx::smem_addr(s.p1);
-  const uint32_t p_own = kWg == 0 ? p0_addr : p1_addr, p_peer = kWg == 0 ? p1_addr : p0_addr;
+  const uint32_t p_addr = ptx::smem_addr(s.p);  // the tile's P (64 x 64); this warpgroup writes its 32 columns
 
-  // S(64 x 64) = Q K^T over dim blocks [kBlk0, kBlk1) of this warpgroup's buffer.
-  float acc_s[32];
-  auto score = [&](auto kblk0, auto kblk1, bool first) {
-    constexpr int kBlk0 = decltype(kblk0)::value, kBlk1 = decltype(kblk1)::value;
+  // S(64 x 32) = Q K^T over the 9 dim blocks of this warpgroup's 32 rows of buffer b (dims 0-3
+  // as soon as they land, then 4-8), two commit groups.
+  float acc_s[16];
+  auto issue_scores = [&](int tile) {
+    const int b = tile & 1;
+    const uint32_t parity = (tile >> 1) & 1;
     const uint64_t q_desc = ptx::sw128_desc(q_base, 16, 1024);
-    const uint64_t k_desc = ptx::sw128_desc(kv_own, 16, 1024);
+    const uint64_t k_desc = ptx::sw128_desc(ptx::smem_addr(s.kv[b]) + uint32_t(kCol0 * Cfg::kAtomBytes), 16, 1024);
+    ptx::mbar_wait(ws_bar(s.full[b][0]), parity);
+    ptx::wgmma_fence();
 #pragma unroll
-    for (int b = kBlk0; b < kBlk1; ++b) {
-      const uint32_t off = uint32_t(b * (Cfg::kBlockBytes >> 4));
+    for (int blk = 0; blk < 4; ++blk) {
+      const uint32_t off = uint32_t(blk * (Cfg::kBlockBytes >> 4));
 #pragma unroll
       for (int a = 0; a < 4; ++a)
-        ptx::wgmma_m64n64k16<Elem>(acc_s, q_desc + off + uint32_t(a * 2), k_desc + off + uint32_t(a * 2),
-                                   (first && b == kBlk0 && a == 0) ? 0 : 1);
+        ptx::wgmma_m64n32k16<Elem>(acc_s, q_desc + off + uint32_t(a * 2), k_desc + off + uint32_t(a * 2),
+                                   (blk == 0 && a == 0) ? 0 : 1);
     }
-  };
-  using I0 = std::integral_constant<int, 0>;
-  using I4 = std::integral_constant<int, 4>;
-  using I9 = std::integral_constant<int, 9>;
-  // Two commit groups, one per half (consumer 1 starts with its right half, filled first).
-  auto issue_scores = [&](uint32_t phase) {
-    ptx::mbar_wait(ws_bar(s.full[kWg][kWg]), phase);
+    ptx::wgmma_commit();  // (a commit group per half: no spin loop inside a group, or ptxas serializes)
+    ptx::mbar_wait(ws_bar(s.full[b][1]), parity);
     ptx::wgmma_fence();
-    if constexpr (kWg == 0) score(I0{}, I4{}, true);
-    else score(I4{}, I9{}, true);
-    ptx::wgmma_commit();
-    ptx::mbar_wait(ws_bar(s.full[kWg][kWg ^ 1]), phase);
-    ptx::wgmma_fence();
-    if constexpr (kWg == 0) score(I4{}, I9{}, false);
-    else score(I0{}, I4{}, false);
+#pragma unroll
+    for (int blk = 4; blk < 9; ++blk) {
+      const uint32_t off = uint32_t(blk * (Cfg::kBlockBytes >> 4));
+#pragma unroll
+      for (int a = 0; a < 4; ++a)
+        ptx::wgmma_m64n32k16<Elem>(acc_s, q_desc + off + uint32_t(a * 2), k_desc + off + uint32_t(a * 2), 1);
+    }
     ptx::wgmma_commit();
   };
-  // Valid-entry bits of this thread's 16 score columns 8 j + 2 tq + u (bit 2 j + u) of a tile.
+  // Valid-entry bits of this thread's 8 score columns kCol0 + 8 j + 2 tq + u (bit 2 j + u) of a tile.
   auto column_mask = [&](int tile) {
     uint32_t bits = 0;
 #pragma unroll
-    for (int j = 0; j < 8; ++j)
+    for (int j = 0; j < 4; ++j)
 #pragma unroll
       for (int u = 0; u < 2; ++u) {
-        const int e = w.begin + tile * kBlockK + 8 * j + 2 * tq + u;
+        const int e = w.begin + tile * kBlockK + kCol0 + 8 * j + 2 * tq + u;
         if (e < w.end) {
           const int row = __ldg(w.idx_row + e);
           if (row >= 0 && row < p.num_rows) bits |= 1u << (2 * j + u);
@@ -480,11 +408,11 @@ __device__ __forceinline__ void ws_consume(const KernelParams& p, WsConfig::Shar
       }
     return bits;
   };
-  // Masked scores in the log2 domain and the tile's row maxima (quad-reduced).
+  // Masked scores in the log2 domain and this warpgroup's row maxima (quad-reduced).
   auto mask_and_max = [&](uint32_t bits, float (&mx)[2]) {
     mx[0] = mx[1] = -INFINITY;
 #pragma unroll
-    for (int j = 0; j < 8; ++j)
+    for (int j = 0; j < 4; ++j)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const bool ok = (bits >> (2 * j + (i & 1))) & 1u;
@@ -504,7 +432,7 @@ __device__ __forceinline__ void ws_consume(const KernelParams& p, WsConfig::Shar
       const float ref = ws::ref_of(m[r]);
       sum[r] = 0.0f;
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
+      for (int j = 0; j < 4; ++j) {
         acc_s[4 * j + 2 * r] = ptx::fast_exp2(acc_s[4 * j + 2 * r] - ref);
         acc_s[4 * j + 2 * r + 1] = ptx::fast_exp2(acc_s[4 * j + 2 * r + 1] - ref);
         sum[r] += acc_s[4 * j + 2 * r] + acc_s[4 * j + 2 * r + 1];
@@ -520,179 +448,115 @@ __device__ __forceinline__ void ws_consume(const KernelParams& p, WsConfig::Shar
       acc_o[4 * j + 3] *= f[1];
     }
   };
-  // P (times f per row) as the A fragments of the four k-steps: k-step kk covers columns
+  // This warpgroup's P as the A fragments of its two k-steps: k-step kk covers its columns
   // [16 kk, 16 kk + 16) = n8 blocks 2 kk and 2 kk + 1.
-  uint32_t a_p[4][4];
-  auto pack_p = [&](const float (&f)[2]) {
+  uint32_t a_p[2][4];
+  auto pack_p = [&]() {
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-      a_p[kk][0] = Elem::pack(acc_s[8 * kk + 0] * f[0], acc_s[8 * kk + 1] * f[0]);
-      a_p[kk][1] = Elem::pack(acc_s[8 * kk + 2] * f[1], acc_s[8 * kk + 3] * f[1]);
-      a_p[kk][2] = Elem::pack(acc_s[8 * kk + 4] * f[0], acc_s[8 * kk + 5] * f[0]);
-      a_p[kk][3] = Elem::pack(acc_s[8 * kk + 6] * f[1], acc_s[8 * kk + 7] * f[1]);
+    for (int kk = 0; kk < 2; ++kk) {
+      a_p[kk][0] = Elem::pack(acc_s[8 * kk + 0], acc_s[8 * kk + 1]);
+      a_p[kk][1] = Elem::pack(acc_s[8 * kk + 2], acc_s[8 * kk + 3]);
+      a_p[kk][2] = Elem::pack(acc_s[8 * kk + 4], acc_s[8 * kk + 5]);
+      a_p[kk][3] = Elem::pack(acc_s[8 * kk + 6], acc_s[8 * kk + 7]);
     }
   };
   auto fence_a_p = [&]() {
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) ptx::fence_operands(a_p[kk]);
+    for (int kk = 0; kk < 2; ++kk) ptx::fence_operands(a_p[kk]);
   };
-  // The packed P -> shared memory (64 x 64, K-major, swizzled) for the other warpgroup.
+  // The packed P -> columns [kCol0, kCol0 + 32) of the shared 64 x 64 P (K-major, swizzled).
   auto store_p = [&]() {
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk)
+    for (int kk = 0; kk < 2; ++kk)
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int row = wrow + g + 8 * r;
-        const uint32_t row_base = p_own + uint32_t(row * (kBlockK * 2) + tq * 4);
-        asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(row_base + (swizzle(row, 2 * kk) << 4)), "r"(a_p[kk][r])
+        const int chunk = kCol0 / 8 + 2 * kk;  // 16-byte chunk (8 columns) of the 128-byte row
+        const uint32_t row_base = p_addr + uint32_t(row * (kBlockK * 2) + tq * 4);
+        asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(row_base + (swizzle(row, chunk) << 4)), "r"(a_p[kk][r])
                      : "memory");
-        asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(row_base + (swizzle(row, 2 * kk + 1) << 4)),
-                     "r"(a_p[kk][2 + r])
+        asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(row_base + (swizzle(row, chunk + 1) << 4)), "r"(a_p[kk][2 + r])
                      : "memory");
       }
   };
-  // O += P_own V_own (P from registers) / P_peer V_peer (P from shared memory), this warpgroup's dims.
-  auto pv_own = [&]() {
-    const uint64_t v_desc = ptx::sw128_desc(kv_own + uint32_t(kWg * 4 * Cfg::kBlockBytes), Cfg::kBlockBytes, 1024);
+  // O += P V over the tile's 64 rows, this warpgroup's 256 dims: its own 32 rows with P from
+  // registers, the other warpgroup's 32 with P from shared memory. One commit group.
+  auto issue_pv = [&](int tile) {
+    const uint32_t kv = ptx::smem_addr(s.kv[tile & 1]) + uint32_t(kWg * 4 * Cfg::kBlockBytes);
+    const uint64_t v_desc = ptx::sw128_desc(kv, Cfg::kBlockBytes, 1024);
+    const uint64_t a_desc = ptx::sw128_desc(p_addr, 16, 1024);
+    ptx::wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk)
-      ptx::wgmma_m64n256k16_rs_tb<Elem>(acc_o, a_p[kk], v_desc + uint32_t((kk * 16 * Cfg::kAtomBytes) >> 4));
-  };
-  auto pv_peer = [&]() {
-    const uint64_t v_desc = ptx::sw128_desc(kv_peer + uint32_t(kWg * 4 * Cfg::kBlockBytes), Cfg::kBlockBytes, 1024);
-    const uint64_t a_desc = ptx::sw128_desc(p_peer, 16, 1024);
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk)
-      ptx::wgmma_m64n256k16_tb<Elem>(acc_o, a_desc + uint32_t((kk * 32) >> 4),
-                                     v_desc + uint32_t((kk * 16 * Cfg::kAtomBytes) >> 4));
-  };
-  const float one[2] = {1.0f, 1.0f};
-
-  // A half of a buffer is free for the producer: every thread here has seen its wgmmas reading
-  // it complete. With pair_share the other block's producer writes into it too, so each warp
-  // also arrives (once) on the other block's empty barrier.
-  auto release = [&](int b, int h) {
-    ptx::mbar_arrive(ws_bar(s.empty[b][h]));
-    if (w.pair) {
-      __syncwarp();
-      if (lane == 0) ptx::mbar_arrive_cluster(ptx::mapa(ws_bar(s.empty[b][h]), w.rank ^ 1u));
+    for (int kk = 0; kk < 2; ++kk) {
+      const int rb = 2 * kWg + kk;  // 16-row block of the tile
+      ptx::wgmma_m64n256k16_rs_tb<Elem>(acc_o, a_p[kk], v_desc + uint32_t((rb * 16 * Cfg::kAtomBytes) >> 4));
     }
+#pragma unroll
+    for (int kk = 0; kk < 2; ++kk) {
+      const int rb = 2 * (kWg ^ 1) + kk;
+      ptx::wgmma_m64n256k16_tb<Elem>(acc_o, a_desc + uint32_t((rb * 32) >> 4),
+                                     v_desc + uint32_t((rb * 16 * Cfg::kAtomBytes) >> 4));
+    }
+    ptx::wgmma_commit();
   };
+  // The half of a buffer this warpgroup's P V reads (consumer 0: dims 0-255 = blocks 0-3), and
+  // the other one, read by its S only.
+  constexpr int kPvHalf = kWg, kSOnlyHalf = kWg ^ 1;
 
-  uint32_t phase = 0;
-  if constexpr (kWg == 0) {
-    uint32_t bits = 0;
-    if (w.num_steps > 0) {
-      issue_scores(phase);
-      bits = column_mask(0);
+  // Every path through the loop body ends with no wgmma in flight (a group pending across the
+  // back edge makes ptxas serialize them, C7515); the next tile's S still runs behind this P V.
+  uint32_t bits = 0;
+  if (w.num_tiles > 0) {
+    issue_scores(0);
+    bits = column_mask(0);
+    ptx::wgmma_wait<0>();
+    ptx::fence_operands(acc_s);
+  }
+  for (int tile = 0; tile < w.num_tiles; ++tile) {
+    const int b = tile & 1;
+    ptx::mbar_arrive(ws_bar(s.empty[b][kSOnlyHalf]));  // this tile's S is done
+    float mx[2], m_new[2], sum[2], f[2];
+    mask_and_max(bits, mx);
+    // Row maxima of both halves of the tile; slot tile % 2, so a warpgroup a tile ahead never
+    // overwrites what the other has not read.
+    float* m_mine = s.m_part[tile & 1][kWg];
+    const float* m_other = s.m_part[tile & 1][kWg ^ 1];
+    if (tq == 0) {
+      m_mine[wrow + g] = mx[0];
+      m_mine[wrow + g + 8] = mx[1];
+    }
+    ptx::named_sync(ws::kBarMax, ws::kConsumerThreads);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      m_new[r] = fmaxf(m_run[r], fmaxf(mx[r], m_other[wrow + g + 8 * r]));
+      f[r] = ws::rescale(m_run[r], m_new[r]);
+      m_run[r] = m_new[r];
+    }
+    scale_o(f);
+    exponentiate(m_new, sum);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) l_run[r] = l_run[r] * f[r] + sum[r];
+    pack_p();
+    // Both P halves in shared memory before either warpgroup's second product reads them. The
+    // previous tile's P was read by both (each waited for its P V before the max exchange above).
+    store_p();
+    ptx::fence_proxy_async_smem();
+    ptx::named_sync(ws::kBarP, ws::kConsumerThreads);
+    issue_pv(tile);
+    if (tile + 1 < w.num_tiles) {
+      issue_scores(tile + 1);  // the next tile's S behind this P V
+      ptx::wgmma_wait<2>();    // P V done (the two groups of S may still run)
+      ptx::fence_operands(acc_o);
+      fence_a_p();
+      ptx::mbar_arrive(ws_bar(s.empty[b][kPvHalf]));
+      bits = column_mask(tile + 1);
       ptx::wgmma_wait<0>();
       ptx::fence_operands(acc_s);
-    }
-    for (int step = 0; step < w.num_steps; ++step) {
-      float mx[2], m0[2], sum[2], f[2];
-      mask_and_max(bits, mx);
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        m0[r] = fmaxf(m_run[r], mx[r]);
-        f[r] = ws::rescale(m_run[r], m0[r]);
-      }
-      if (tq == 0) {
-        s.m_share[wrow + g] = m0[0];
-        s.m_share[wrow + g + 8] = m0[1];
-      }
-      ptx::named_arrive(ws::kBarM0, ws::kConsumerThreads);
-      scale_o(f);
-      exponentiate(m0, sum);
-#pragma unroll
-      for (int r = 0; r < 2; ++r) l_run[r] = l_run[r] * f[r] + sum[r];
-      pack_p(one);
-      // O += P0 V0 (dims 0-255 of buffer 0); then buffer 0's dims 0-3 are free.
-      ptx::wgmma_fence();
-      pv_own();
-      ptx::wgmma_commit();
+    } else {
       ptx::wgmma_wait<0>();
       ptx::fence_operands(acc_o);
       fence_a_p();
-      release(0, 0);
-      // Consumer 1's max m1 >= m0: move P0, O and the sum onto it, hand P0 over.
-      ptx::named_sync(ws::kBarM1, ws::kConsumerThreads);
-      float m1[2];
-      m1[0] = s.m_share[wrow + g];
-      m1[1] = s.m_share[wrow + g + 8];
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        f[r] = ws::rescale(m0[r], m1[r]);
-        m_run[r] = m1[r];
-        l_run[r] *= f[r];
-      }
-      pack_p(f);
-      store_p();
-      ptx::fence_proxy_async_smem();
-      ptx::named_arrive(ws::kBarP0, ws::kConsumerThreads);
-      scale_o(f);
-      ptx::named_sync(ws::kBarP1, ws::kConsumerThreads);
-      // O += P1 V1 (dims 0-255 of buffer 1), the next step's S behind it.
-      ptx::wgmma_fence();
-      pv_peer();
-      ptx::wgmma_commit();
-      if (step + 1 < w.num_steps) {
-        phase ^= 1;
-        issue_scores(phase);
-        bits = column_mask(2 * (step + 1));
-        ptx::wgmma_wait<2>();  // P1 V1 done (the two score groups may still run)
-        ptx::fence_operands(acc_o);
-        release(1, 0);
-        ptx::wgmma_wait<0>();
-        ptx::fence_operands(acc_s);
-      } else {
-        ptx::wgmma_wait<0>();
-        ptx::fence_operands(acc_o);
-        release(1, 0);
-      }
-    }
-  } else {
-    for (int step = 0; step < w.num_steps; ++step) {
-      issue_scores(phase);
-      const uint32_t bits = column_mask(2 * step + 1);
-      ptx::wgmma_wait<0>();
-      ptx::fence_operands(acc_s);
-      float mx[2], m1[2], sum[2], f[2];
-      mask_and_max(bits, mx);
-      ptx::named_sync(ws::kBarM0, ws::kConsumerThreads);
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        m1[r] = fmaxf(s.m_share[wrow + g + 8 * r], mx[r]);
-        f[r] = ws::rescale(m_run[r], m1[r]);
-        m_run[r] = m1[r];
-      }
-      if (tq == 0) {
-        s.m_share[wrow + g] = m1[0];
-        s.m_share[wrow + g + 8] = m1[1];
-      }
-      ptx::named_arrive(ws::kBarM1, ws::kConsumerThreads);
-      scale_o(f);
-      exponentiate(m1, sum);
-#pragma unroll
-      for (int r = 0; r < 2; ++r) l_run[r] = l_run[r] * f[r] + sum[r];
-      pack_p(one);
-      // O += P1 V1 (dims 256-511 of buffer 1), then P1 to shared memory and O += P0 V0.
-      ptx::wgmma_fence();
-      pv_own();
-      ptx::wgmma_commit();
-      store_p();
-      ptx::fence_proxy_async_smem();
-      ptx::named_sync(ws::kBarP0, ws::kConsumerThreads);
-      ptx::wgmma_fence();
-      pv_peer();
-      ptx::wgmma_commit();
-      ptx::named_arrive(ws::kBarP1, ws::kConsumerThreads);
-      ptx::wgmma_wait<1>();
-      fence_a_p();
-      release(1, 1);
-      ptx::wgmma_wait<0>();
-      ptx::fence_operands(acc_o);
-      release(0, 1);
-      phase ^= 1;
+      ptx::mbar_arrive(ws_bar(s.empty[b][kPvHalf]));
     }
   }
 
@@ -763,47 +627,28 @@ __global__ void __launch_bounds__(WsConfig::kThreads, 1) sparse_mla_ws_kernel(co
   w.begin = min(n, w.split * chunk);
   w.end = min(n, w.begin + chunk);
   w.num_tiles = (w.end - w.begin + kBlockK - 1) / kBlockK;
-  w.num_steps = (w.num_tiles + 1) / 2;
   w.idx_row = p.idx + w.t * p.idx_stride_t;
 
-  const bool pair = kRow == RowFormat::kNative16 && p.pair_share;
-  w.pair = pair;
-  w.rank = pair ? ptx::cluster_ctarank() : 0u;
   if (threadIdx.x == 0) {
     for (int b = 0; b < 2; ++b)
       for (int h = 0; h < 2; ++h) {
-        // full: every gathering producer thread's cp.async arrival (+ the forwarder's, expecting
-        // the other block's rows); empty: every thread of the releasing consumer (+ one per warp
-        // of the other block's); landed: the gatherers' own rows (pair_share).
-        ptx::mbar_init(ws_bar(s.full[b][h]), pair ? ws::kPairGatherThreads + 1 : 128);
-        ptx::mbar_init(ws_bar(s.empty[b][h]), pair ? 128 + 4 : 128);
-        ptx::mbar_init(ws_bar(s.landed[b][h]), ws::kPairGatherThreads);
+        ptx::mbar_init(ws_bar(s.full[b][h]), 128);                      // every producer thread's arrival
+        ptx::mbar_init(ws_bar(s.empty[b][h]), ws::kConsumerThreads);  // every consumer thread, once per tile
       }
     ptx::fence_mbar_init();
   }
-  // With pair_share the other block arrives on these barriers: both must be initialized first.
-  if (pair) ptx::cluster_sync();
-  else __syncthreads();
+  __syncthreads();
   ptx::pdl_launch_dependents();  // the split merge (if PDL-launched) may start its blocks now
 
   const int wg = threadIdx.x / 128, wt = threadIdx.x % 128;
   if (wg == 2) {
     ptx::setmaxnreg_dec<Cfg::kProducerRegs>();
-    if constexpr (kRow == RowFormat::kNative16) {
-      if (!pair || wt < ws::kPairGatherThreads) ws_produce(p, s, w, wt);
-      else if (wt == ws::kPairGatherThreads) ws_forward(s, w);
-    } else {
-      ws_produce_quant<kRow>(p, s, w, wt);
-    }
+    if constexpr (kRow == RowFormat::kNative16) ws_produce(p, s, w, wt);
+    else ws_produce_quant<kRow>(p, s, w, wt);
   } else {
     ptx::setmaxnreg_inc<Cfg::kConsumerRegs>();
     if (wg == 0) ws_consume<Elem, 0>(p, s, w, wt);
     else ws_consume<Elem, 1>(p, s, w, wt);
-  }
-  // No block of a pair leaves while the other may still copy into it or arrive on its barriers.
-  if (pair) {
-    __syncwarp();
-    ptx::cluster_sync();
   }
 }
 
@@ -830,23 +675,7 @@ void launch_ws(const KernelParams& p, cudaStream_t stream) {
     attribute_set.fetch_or(bit, std::memory_order_release);
   }
   const dim3 grid(unsigned(p.num_tokens * p.head_groups), 1, unsigned(p.num_splits));
-  if (!p.pair_share) {
-    kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
-    return;
-  }
-  // The two head groups of a token (adjacent on grid.x) as one cluster.
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = grid;
-  cfg.blockDim = dim3(Cfg::kThreads);
-  cfg.dynamicSmemBytes = Cfg::kSmemBytes;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim.x = 2, attr.val.clusterDim.y = 1, attr.val.clusterDim.z = 1;
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
-  const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, p);
-  SMLA_CHECK(e == cudaSuccess, std::string("sparse MLA kernel launch (cluster of 2) failed: ") + cudaGetErrorString(e));
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
 }
 
 }  // namespace smla::cuda::sm90::sparse_mla

@@ -97,17 +97,6 @@ bool quant_on_ws(KvFormat) {
   return v;
 }
 
-// 16-bit caches with two head groups (H > 64) can gather each tile once per token: the two
-// blocks of a token form a cluster and share their rows (kernel_ws.cuh). Measured slower (H = 128,
-// T = 4096: 7.51 ms vs 5.77 ms without; docs/perf-notes.md v8), so only SMLA_SM90_PAIR=1 turns it on.
-bool pair_share_env() {
-  static const bool v = [] {
-    const char* e = std::getenv("SMLA_SM90_PAIR");
-    return e != nullptr && std::string(e) == "1";
-  }();
-  return v;
-}
-
 // The split merge as a programmatic dependent launch: SMLA_SM90_PDL=1 (A/B runs; not measured yet,
 // so off by default).
 bool use_pdl() {
@@ -150,10 +139,7 @@ void launch_quantized(int tile, const k::KernelParams& kp, cudaStream_t s) {
 int sparse_mla_auto_splits(const SparseMlaParams& p, int num_sms) { return num_splits_for(p, num_sms); }
 
 std::string sparse_mla_variant(const SparseMlaParams& p) {
-  if (runs_on_ws(p))
-    return row_format_of(p.format) == k::RowFormat::kNative16 && k::head_groups_for(p.num_heads) == 2 && pair_share_env()
-               ? "h64.ws.pair"
-               : "h64.ws";
+  if (runs_on_ws(p)) return "h64.ws";
   const int tile = k::head_tile_for(p.num_heads);
   return "h" + std::to_string(tile) + ".mma";
 }
@@ -204,7 +190,6 @@ void sparse_mla(const SparseMlaParams& p, void* workspace, size_t workspace_byte
   const int prefetch = l2_prefetch_env();
   kp.l2_prefetch = prefetch < 0 ? !ws : prefetch > 0;
   kp.l2_prefetch_steps = prefetch < 0 ? 0 : prefetch;
-  kp.pair_share = ws && row_format == k::RowFormat::kNative16 && kp.head_groups == 2 && pair_share_env();
   kp.idx = p.idx;
   kp.idx_stride_t = p.idx_stride_t;
   kp.counts = p.counts;
