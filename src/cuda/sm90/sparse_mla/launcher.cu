@@ -97,12 +97,13 @@ bool quant_on_ws(KvFormat) {
   return v;
 }
 
-// The split merge as a programmatic dependent launch: SMLA_SM90_PDL=1 (A/B runs; not measured yet,
-// so off by default).
+// The split merge as a programmatic dependent launch behind the warp-specialized kernel: about
+// 1 us less at T = 1 in two device runs (docs/perf-notes.md v8), every sparse case passes with it,
+// graphs included. SMLA_SM90_PDL=0 launches it the ordinary way (A/B runs).
 bool use_pdl() {
   static const bool v = [] {
     const char* e = std::getenv("SMLA_SM90_PDL");
-    return e != nullptr && std::string(e) == "1";
+    return e == nullptr || std::string(e) != "0";
   }();
   return v;
 }
