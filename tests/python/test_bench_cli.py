@@ -40,13 +40,19 @@ def test_e4m3_q_needs_the_fp8_e4m3_cache():
 
 
 def test_info_names_the_kernel_of_a_cuda_build():
-    r = subprocess.run([SMLA_BIN, "info", "--heads", "16", "--format", "nvfp4_ds_mla"], capture_output=True, text=True,
-                       timeout=60)
-    assert r.returncode == 0, r.stderr
-    if "CUDA backend: built" not in r.stdout:
+    def info(extra_env):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SMLA_SM90_")}
+        env.update(extra_env)
+        r = subprocess.run([SMLA_BIN, "info", "--heads", "16", "--format", "nvfp4_ds_mla"], capture_output=True,
+                           text=True, timeout=60, env=env)
+        assert r.returncode == 0, r.stderr
+        return r.stdout
+    out = info({})
+    if "CUDA backend: built" not in out:
         pytest.skip("CPU-only build: no CUDA kernel to name")
-    if "SMLA_SM90_KERNEL" in os.environ or "SMLA_SM90_QUANT" in os.environ:
-        pytest.skip("an SMLA_SM90_* switch is set: the routing is not the default one")
-    kernels = [line for line in r.stdout.splitlines() if "kernel on an SM90 GPU" in line]
-    # nvfp4_ds_mla at H = 16 runs on the mma.sync kernel's 16-head tile by default (README switches).
+    kernels = [line for line in out.splitlines() if "kernel on an SM90 GPU" in line]
+    # By default every format runs on the warp-specialized 64-head kernel (heads zero-padded) ...
+    assert kernels == ["  kernel on an SM90 GPU: sm90/sparse_mla/nvfp4_ds_mla_d576/h64.ws"]
+    # ... and SMLA_SM90_QUANT=mma puts quantized caches on the mma.sync kernel's 16-head tile.
+    kernels = [line for line in info({"SMLA_SM90_QUANT": "mma"}).splitlines() if "kernel on an SM90 GPU" in line]
     assert kernels == ["  kernel on an SM90 GPU: sm90/sparse_mla/nvfp4_ds_mla_d576/h16.mma"]
