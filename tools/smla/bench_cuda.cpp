@@ -152,6 +152,11 @@ int bench_cuda(const Args& a) {
   const int reps = std::max(20, int(a.get_int("reps", 30)));
   const int warmup = 3;
   const int64_t pool_rows = a.get_int("pool", 1 << 20);
+  // --splits N: every case with N top-k splits instead of the launcher's choice (A/B of the split
+  // cost model, plan.h); 0 or absent: the launcher chooses.
+  const int forced_splits = int(a.get_int("splits", 0));
+  SMLA_CHECK(forced_splits >= 0 && forced_splits <= kMaxSplits,
+             "--splits must be in [0, " + std::to_string(kMaxSplits) + "] (0: the launcher chooses)");
   const KvFormat fmt = parse_kv_format(a.get("format", "bf16"));
   SMLA_CHECK(D == 576 || D == 512, "--dim must be 576 or 512");
   SMLA_CHECK(K >= 1, "--topk must be >= 1");
@@ -205,18 +210,18 @@ int bench_cuda(const Args& a) {
       p.softmax_scale = 0.1352338f;
       p.out = out.p, p.out_dtype = qt, p.lse = static_cast<float*>(lse.p), p.lse_mode = LseMode::kBaseE;
       set_dense_strides(p);
-      const size_t wsb = cuda::sparse_mla_workspace_bytes(p, dev.num_sms);
+      const size_t wsb = cuda::sparse_mla_workspace_bytes(p, dev.num_sms, forced_splits);
       DevMem ws(std::max<size_t>(wsb, 256));
       const Timing t = time_events(s, warmup, reps, [&](int i) {
         SparseMlaParams pi = p;
         pi.idx = p.idx + size_t(i % rot) * idx_elems;
-        cuda::sparse_mla(pi, ws.p, wsb, s);
+        cuda::sparse_mla(pi, ws.p, wsb, s, forced_splits);
       });
 
       BenchRecord r;
       r.backend = "cuda";
       Geometry g = geometry_of(p);
-      const int splits = choose_num_splits(T, int((H + 63) / 64), K, dev.num_sms);
+      const int splits = forced_splits > 0 ? forced_splits : choose_num_splits(T, int((H + 63) / 64), K, dev.num_sms);
       const std::string variant = "/" + cuda::sparse_mla_variant(p);
       r.kernel = cuda_kernel_name(g) + variant + (splits > 1 ? "/split" + std::to_string(splits) : "");
       r.format = std::string(to_string(fmt)) + (q_e4m3 ? "+q_e4m3" : "");
@@ -227,7 +232,8 @@ int bench_cuda(const Args& a) {
       r.bytes = r.valid_entries * rb;
       r.gemm_tflops = gemm, r.copy_tbps = copy;
       r.repro = "smla bench --format " + std::string(to_string(fmt)) + (q_e4m3 ? " --q e4m3" : "") + " --heads " + std::to_string(H) + " --T " + std::to_string(T) +
-                " --topk " + std::to_string(K) + " --dim " + std::to_string(D);
+                " --topk " + std::to_string(K) + " --dim " + std::to_string(D) +
+                (forced_splits > 0 ? " --splits " + std::to_string(forced_splits) : "");
       print_record(r);
       recs.push_back(r);
     }
