@@ -14,6 +14,7 @@
 
 #include "bench.h"
 #include "cuda/common/bench_support.h"
+#include "cuda/common/phase.h"
 #include "smla/api.h"
 #include "smla/cuda.h"
 #include "smla/formats.h"
@@ -142,6 +143,30 @@ void fill_quantized_pool(uint8_t* pool, int64_t rows, KvFormat fmt, int rope, cu
   ck(cudaStreamSynchronize(s), "pool fill");
 }
 
+// --phases: where the last timed call's time went, from the kernels' %globaltimer stamps
+// (cuda/common/phase.h), in µs from the stream reaching the call: min / median / max over blocks.
+void print_phases(const std::vector<uint64_t>& w) {
+  namespace ph = cuda::phase;
+  const uint64_t t0 = w[ph::kStreamBase];
+  auto row = [&](const char* name, int base, int blocks, int events, int ev) {
+    std::vector<double> v;
+    for (int b = 0; b < blocks; ++b) {
+      const uint64_t t = w[size_t(base + b * events + ev)];
+      if (t != 0) v.push_back((double(t) - double(t0)) * 1e-3);
+    }
+    if (v.empty()) return;
+    std::sort(v.begin(), v.end());
+    std::printf("      %-30s %8.2f %8.2f %8.2f  (%zu blocks)\n", name, v.front(), v[v.size() / 2], v.back(), v.size());
+  };
+  std::printf("      phases, µs from the stream reaching the call (min / median / max over blocks):\n");
+  const char* attn[] = {"attention: block entry", "Q in shared memory", "tile 0 ids in, copies issued",
+                        "tile 0 landed, S issued", "every tile done", "out / partials stored", "producer done"};
+  for (int e = 0; e < 7; ++e) row(attn[e], 0, ph::kAttnBlocks, ph::kAttnEvents, e);
+  const char* merge[] = {"merge: block entry", "merge: attention grid done", "merge: stored"};
+  for (int e = 0; e < 3; ++e) row(merge[e], ph::kMergeBase, ph::kMergeBlocks, ph::kMergeEvents, e);
+  std::printf("      %-30s %8.2f\n", "stream: next command", (double(w[ph::kStreamBase + 1]) - double(t0)) * 1e-3);
+}
+
 }  // namespace
 
 int bench_cuda(const Args& a) {
@@ -157,6 +182,9 @@ int bench_cuda(const Args& a) {
   const int forced_splits = int(a.get_int("splits", 0));
   SMLA_CHECK(forced_splits >= 0 && forced_splits <= kMaxSplits,
              "--splits must be in [0, " + std::to_string(kMaxSplits) + "] (0: the launcher chooses)");
+  // --phases: stamp kernels around each call and phase stamps inside (adds two tiny launches to
+  // every timed call), printed per case.
+  const bool phases = a.has("phases");
   const KvFormat fmt = parse_kv_format(a.get("format", "bf16"));
   SMLA_CHECK(D == 576 || D == 512, "--dim must be 576 or 512");
   SMLA_CHECK(K >= 1, "--topk must be >= 1");
@@ -177,6 +205,9 @@ int bench_cuda(const Args& a) {
   std::printf("pool %lld rows x %d B = %.2f GB (made on the device), K = %d random rows per token\n",
               (long long)pool_rows, rb, double(pool_rows) * rb / 1e9, K);
 
+  DevMem phase_words(phases ? size_t(cuda::phase::kWords) * 8 : 8);
+  uint64_t* const phase_buf = static_cast<uint64_t*>(phase_words.p);
+  cuda::phase::set_buffer(phases ? phase_buf : nullptr);
   DevMem pool(size_t(pool_rows) * rb);
   if (format_is_quantized(fmt)) fill_quantized_pool(static_cast<uint8_t*>(pool.p), pool_rows, fmt, rope, s);
   else cuda::fill_random_16bit(pool.p, size_t(pool_rows) * rb / 2, qt, 1, s);
@@ -212,10 +243,13 @@ int bench_cuda(const Args& a) {
       set_dense_strides(p);
       const size_t wsb = cuda::sparse_mla_workspace_bytes(p, dev.num_sms, forced_splits);
       DevMem ws(std::max<size_t>(wsb, 256));
+      if (phases) ck(cudaMemsetAsync(phase_buf, 0, size_t(cuda::phase::kWords) * 8, s), "phase reset");
       const Timing t = time_events(s, warmup, reps, [&](int i) {
         SparseMlaParams pi = p;
         pi.idx = p.idx + size_t(i % rot) * idx_elems;
+        if (phases) cuda::phase::stamp(phase_buf + cuda::phase::kStreamBase, s);
         cuda::sparse_mla(pi, ws.p, wsb, s, forced_splits);
+        if (phases) cuda::phase::stamp(phase_buf + cuda::phase::kStreamBase + 1, s);
       });
 
       BenchRecord r;
@@ -235,8 +269,14 @@ int bench_cuda(const Args& a) {
                 " --topk " + std::to_string(K) + " --dim " + std::to_string(D) +
                 (forced_splits > 0 ? " --splits " + std::to_string(forced_splits) : "");
       print_record(r);
+      if (phases) {
+        std::vector<uint64_t> words(size_t(cuda::phase::kWords));
+        ck(cudaMemcpy(words.data(), phase_buf, words.size() * 8, cudaMemcpyDeviceToHost), "phase read");
+        print_phases(words);
+      }
       recs.push_back(r);
     }
+  cuda::phase::set_buffer(nullptr);
   cudaStreamDestroy(s);
   if (a.has("json")) write_json(a.get("json", ""), recs, dev.name, gemm, copy);
   return 0;

@@ -59,6 +59,8 @@ struct KernelParams {
   // natural-log LSE (-inf for an empty split).
   float* part_out;  // [T, H, num_splits, 512] fp32
   float* part_lse;  // [T, H, num_splits] fp32
+
+  uint64_t* phase;  // nullable: %globaltimer stamps for `smla bench --phases` (cuda/common/phase.h)
 };
 
 inline constexpr int kLatent = 512;

@@ -26,6 +26,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "cuda/common/phase.h"
 #include "cuda/common/ptx.cuh"
 #include "cuda/sm90/sparse_mla/config.h"
 #include "cuda/sm90/sparse_mla/dequant.h"
@@ -421,7 +422,12 @@ __global__ void __launch_bounds__(128) combine_kernel(const __grid_constant__ Ke
   const int h = int(th - t * p.num_heads);
   const int S = p.num_splits;
   const int d = threadIdx.x * 4;
+  uint64_t* const stamps = p.phase != nullptr && threadIdx.x == 0 && blockIdx.x < phase::kMergeBlocks
+                               ? p.phase + phase::kMergeBase + blockIdx.x * phase::kMergeEvents
+                               : nullptr;
+  if (stamps != nullptr) stamps[phase::kMergeEntry] = ptx::globaltimer();
   ptx::pdl_wait();  // the partials of the attention grid (a no-op unless launched with PDL)
+  if (stamps != nullptr) stamps[phase::kMergeWaited] = ptx::globaltimer();
   const float* part = p.part_out + th * S * kLatent + d;
   float4 v[kMaxS];
 #pragma unroll
@@ -450,6 +456,7 @@ __global__ void __launch_bounds__(128) combine_kernel(const __grid_constant__ Ke
     out[0] = uint16_t(v01), out[1] = uint16_t(v01 >> 16), out[2] = uint16_t(v23), out[3] = uint16_t(v23 >> 16);
   }
   if (p.lse != nullptr && threadIdx.x == 0) p.lse[t * p.lse_stride_t + h] = p.lse_base2 ? total * kLog2e : total;
+  if (stamps != nullptr) stamps[phase::kMergeDone] = ptx::globaltimer();
 }
 
 // ---- launchers (instantiated once each in the .cu files of this folder).

@@ -54,6 +54,13 @@ struct WsBlock {
 
 __device__ __forceinline__ uint32_t ws_bar(uint64_t& b) { return ptx::smem_addr(&b); }
 
+// A phase stamp (cuda/common/phase.h) of this block; the caller picks one thread.
+__device__ __forceinline__ void ws_stamp(const KernelParams& p, int event) {
+  const uint32_t block = blockIdx.z * gridDim.x + blockIdx.x;
+  if (p.phase != nullptr && block < uint32_t(phase::kAttnBlocks))
+    p.phase[block * phase::kAttnEvents + event] = ptx::globaltimer();
+}
+
 // Producer: 8 threads per row (thread c copies 16-byte chunk c of each 128-byte dim block), 16
 // rows at a time: row r = grp + 16 i of a tile (i < 4), its chunk c at (c ^ r % 8) in the atom.
 // D = 512 caches get dim block 8 zero-filled, so S always runs over 9 blocks (the Q block is
@@ -110,6 +117,7 @@ __device__ __forceinline__ void ws_produce(const KernelParams& p, WsConfig::Shar
     const uint32_t base = ptx::smem_addr(s.kv[b]);
     ptx::mbar_wait(ws_bar(s.empty[b][0]), parity);
     copy(base, I0{}, I4{});
+    if (tile == 0 && wt == 0) ws_stamp(p, phase::kIdsIssued);
     ptx::cp_async_mbar_arrive(ws_bar(s.full[b][0]));
     ptx::mbar_wait(ws_bar(s.empty[b][1]), parity);
     copy(base, I4{}, I9{});
@@ -118,6 +126,7 @@ __device__ __forceinline__ void ws_produce(const KernelParams& p, WsConfig::Shar
     if (tile + 1 < w.num_tiles) load_ids(tile + 1);
     prefetch(tile + ahead);
   }
+  if (wt == 0) ws_stamp(p, phase::kProducerDone);
 }
 
 // Producer for the quantized formats. Each half of a buffer is gathered raw with cp.async into a
@@ -354,6 +363,7 @@ __device__ __forceinline__ void ws_consume(const KernelParams& p, WsConfig::Shar
     ptx::fence_proxy_async_smem();
     ptx::named_sync(ws::kBarConsumers, ws::kConsumerThreads);
   }
+  if (kWg == 0 && wt == 0) ws_stamp(p, phase::kQReady);
 
   float acc_o[128];  // (64 heads, 256 dims of this warpgroup): [n8 block j][C fragment]
 #pragma unroll
@@ -508,6 +518,7 @@ __device__ __forceinline__ void ws_consume(const KernelParams& p, WsConfig::Shar
   uint32_t bits = 0;
   if (w.num_tiles > 0) {
     issue_scores(0);
+    if (kWg == 0 && wt == 0) ws_stamp(p, phase::kTile0Landed);
     bits = column_mask(0);
     ptx::wgmma_wait<0>();
     ptx::fence_operands(acc_s);
@@ -560,6 +571,7 @@ __device__ __forceinline__ void ws_consume(const KernelParams& p, WsConfig::Shar
     }
   }
 
+  if (kWg == 0 && wt == 0) ws_stamp(p, phase::kLoopDone);
   // ---- row sums: quad, then the two warpgroups (both relative to the same final max).
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -608,6 +620,7 @@ __device__ __forceinline__ void ws_consume(const KernelParams& p, WsConfig::Shar
       if (kWg == 0 && tq == 0) p.part_lse[part] = lse_e;
     }
   }
+  if (kWg == 0 && wt == 0) ws_stamp(p, phase::kStored);
 }
 
 template <typename Elem, RowFormat kRow>
@@ -637,6 +650,7 @@ __global__ void __launch_bounds__(WsConfig::kThreads, 1) sparse_mla_ws_kernel(co
       }
     ptx::fence_mbar_init();
   }
+  if (threadIdx.x == 0) ws_stamp(p, phase::kEntry);
   __syncthreads();
   ptx::pdl_launch_dependents();  // the split merge (if PDL-launched) may start its blocks now
 

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "cuda/common/phase.h"
 #include "cuda/sm90/sparse_mla/launcher.h"
 #include "smla/cuda.h"
 #include "smla/formats.h"
@@ -209,6 +210,7 @@ void sparse_mla(const SparseMlaParams& p, void* workspace, size_t workspace_byte
     kp.part_out = static_cast<float*>(workspace);
     kp.part_lse = kp.part_out + p.num_tokens * p.num_heads * splits * kLatentDim;
   }
+  kp.phase = phase::buffer();
 
   auto s = static_cast<cudaStream_t>(stream);
   const bool fp16 = p.q_dtype == DType::kFP16;
