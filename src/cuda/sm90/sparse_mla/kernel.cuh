@@ -407,8 +407,9 @@ __global__ void __launch_bounds__(Config<kMTiles>::kThreads, 1)
 }
 
 // Split-K merge: one block of 128 threads per (token, head), 4 output dims per thread. The
-// weights come from smla::lse_merge (state.h), the one merge rule of the project; the order of
-// the sum is fixed, so the result is deterministic. Every split's partial is loaded before the
+// weights follow smla::lse_merge (state.h), the one merge rule of the project, computed by warp 0
+// (a lane per split, max and sum over a shuffle tree: a fixed order, so the result is
+// deterministic; one thread's serial loop over 32 splits cost ~1 us at T = 1). Every split's partial is loaded before the
 // weights are known (all loads in flight at once: one memory latency, not one per split; the
 // loop of dependent loads it replaces took 13 us at T = 1, H = 128, 32 splits: perf-notes v8).
 // kMaxS (>= num_splits) sizes the register array: 4 keeps the many-block merges of larger T at
@@ -416,7 +417,8 @@ __global__ void __launch_bounds__(Config<kMTiles>::kThreads, 1)
 template <typename Elem, int kMaxS>
 __global__ void __launch_bounds__(128) combine_kernel(const __grid_constant__ KernelParams p) {
   static_assert(kMaxS <= kMaxSplits, "one float4 register set per split below");
-  __shared__ float s_lse[kMaxSplits], s_w[kMaxSplits], s_total;
+  static_assert(kMaxSplits <= 32, "one lane of warp 0 per split in the LSE merge");
+  __shared__ float s_w[kMaxSplits], s_total;
   const int64_t th = blockIdx.x;  // t * H + h
   const int64_t t = th / p.num_heads;
   const int h = int(th - t * p.num_heads);
@@ -433,9 +435,20 @@ __global__ void __launch_bounds__(128) combine_kernel(const __grid_constant__ Ke
 #pragma unroll
   for (int s = 0; s < kMaxS; ++s)
     v[s] = s < S ? *reinterpret_cast<const float4*>(part + s * kLatent) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  if (threadIdx.x < S) s_lse[threadIdx.x] = p.part_lse[th * S + threadIdx.x];
-  __syncthreads();
-  if (threadIdx.x == 0) s_total = lse_merge(s_lse, S, s_w);
+  if (threadIdx.x < 32) {  // warp 0, lane i: split i (S <= 32); lse_merge's rule, summed as a tree
+    const float l = threadIdx.x < S ? lse_sanitize(p.part_lse[th * S + threadIdx.x]) : -INFINITY;
+    float m = l;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if (m == -INFINITY) m = 0.0f;
+    const float e = expf(l - m);
+    float sum = e;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    const float w = e / sum;  // all parts empty: 0 / 0, zeroed as in lse_merge
+    if (threadIdx.x < S) s_w[threadIdx.x] = (w == w && w != INFINITY) ? w : 0.0f;
+    if (threadIdx.x == 0) s_total = m + logf(sum);
+  }
   __syncthreads();
   const float total = s_total;  // natural log; -inf when the row is empty
   float scale = 1.0f;
