@@ -160,8 +160,10 @@ void print_phases(const std::vector<uint64_t>& w) {
   };
   std::printf("      phases, µs from the stream reaching the call (min / median / max over blocks):\n");
   const char* attn[] = {"attention: block entry", "Q in shared memory", "tile 0 ids in, copies issued",
-                        "tile 0 landed, S issued", "every tile done", "out / partials stored", "producer done"};
-  for (int e = 0; e < 7; ++e) row(attn[e], 0, ph::kAttnBlocks, ph::kAttnEvents, e);
+                        "tile 0 landed, S issued", "every tile done", "out / partials stored", "producer done",
+                        "every tile done (consumer 1)", "row sums exchanged"};
+  static_assert(sizeof(attn) / sizeof(attn[0]) == ph::kNumAttnEvents, "a name per stamp");
+  for (int e : {0, 2, 6, 1, 3, 4, 7, 8, 5}) row(attn[e], 0, ph::kAttnBlocks, ph::kAttnEvents, e);
   const char* merge[] = {"merge: block entry", "merge: attention grid done", "merge: stored"};
   for (int e = 0; e < 3; ++e) row(merge[e], ph::kMergeBase, ph::kMergeBlocks, ph::kMergeEvents, e);
   std::printf("      %-30s %8.2f\n", "stream: next command", (double(w[ph::kStreamBase + 1]) - double(t0)) * 1e-3);

@@ -10,7 +10,7 @@
 namespace smla::cuda::phase {
 
 inline constexpr int kAttnBlocks = 8192;   // attention blocks recorded (linear block id)
-inline constexpr int kAttnEvents = 8;      // stamps per attention block (AttnEvent)
+inline constexpr int kAttnEvents = 12;     // stamps per attention block (AttnEvent)
 inline constexpr int kMergeBlocks = 8192;  // split-merge blocks recorded
 inline constexpr int kMergeEvents = 4;     // stamps per merge block (MergeEvent)
 // Buffer layout (uint64 ns): [kAttnBlocks][kAttnEvents], [kMergeBlocks][kMergeEvents], [2] stream.
@@ -25,7 +25,10 @@ enum AttnEvent : int {
   kTile0Landed = 3,  // consumer 0: tile 0 has landed (both halves) and its scores are issued
   kLoopDone = 4,     // consumer 0: every tile done
   kStored = 5,       // consumer 0: outputs / partials stored
-  kProducerDone = 6  // producer: every copy issued
+  kProducerDone = 6,  // producer: every copy issued
+  kLoopDone1 = 7,     // consumer 1: every tile done
+  kRowSums = 8,       // consumer 0: row sums exchanged (both consumers past the loop)
+  kNumAttnEvents = 9
 };
 enum MergeEvent : int { kMergeEntry = 0, kMergeWaited = 1, kMergeDone = 2 };
 

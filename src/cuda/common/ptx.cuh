@@ -36,17 +36,6 @@ __device__ __forceinline__ void st_shared_zero16(uint32_t dst) {
 }
 
 // ---- ldmatrix: four 8x8 b16 matrices; lane i supplies the row address of matrix i / 8.
-__device__ __forceinline__ void st_shared_u32(uint32_t dst, uint32_t v) {
-  asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(dst), "r"(v) : "memory");
-}
-__device__ __forceinline__ void st_shared_f32x2(uint32_t dst, float a, float b) {
-  asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(dst), "f"(a), "f"(b) : "memory");
-}
-__device__ __forceinline__ uint4 ld_shared_v4(uint32_t src) {
-  uint4 v;
-  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(src) : "memory");
-  return v;
-}
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])

@@ -51,7 +51,6 @@ struct KernelParams {
   void* out;  // [T, H, 512] 16-bit (same type as q), strides out_stride_*
   int64_t out_stride_t, out_stride_h;
   bool out_vec2;  // out pointer and strides allow 4-byte (two-element) stores
-  bool out_vec16;  // out pointer and strides allow 16-byte (eight-element) stores
   float* lse;     // nullable: [T, H] fp32, row stride lse_stride_t
   int64_t lse_stride_t;
   bool lse_base2;

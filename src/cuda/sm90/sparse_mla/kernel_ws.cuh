@@ -571,7 +571,7 @@ __device__ __forceinline__ void ws_consume(const KernelParams& p, WsConfig::Shar
     }
   }
 
-  if (kWg == 0 && wt == 0) ws_stamp(p, phase::kLoopDone);
+  if (wt == 0) ws_stamp(p, kWg == 0 ? phase::kLoopDone : phase::kLoopDone1);
   // ---- row sums: quad, then the two warpgroups (both relative to the same final max).
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -583,17 +583,10 @@ __device__ __forceinline__ void ws_consume(const KernelParams& p, WsConfig::Shar
     s.l_part[kWg][wrow + g + 8] = l_run[1];
   }
   ptx::named_sync(ws::kBarConsumers, ws::kConsumerThreads);
+  if (kWg == 0 && wt == 0) ws_stamp(p, phase::kRowSums);
 
-  // ---- outputs. Rows go through shared memory (the tile buffers: both warpgroups are past the
-  // loop, every gathered tile consumed) and leave as 16-byte stores, a warp per 512 contiguous
-  // bytes; stored from the fragments directly, a warp store covers 8 rows in 4- or 8-byte pieces
-  // (4096 store wavefronts for a block's fp32 partials; 3 µs at T = 1, docs/perf-notes.md). A
-  // padded row (32 / 16 bytes) keeps the fragment writes at the minimum wavefronts.
-  const bool split = p.num_splits > 1;
-  const bool staged = split || p.out_vec16;
-  const uint32_t stage = ptx::smem_addr(s.kv);
-  constexpr uint32_t kRowF32 = kLatent * 4 + 32, kRow16 = kLatent * 2 + 16;
-  static_assert(64 * kRowF32 <= sizeof(s.kv), "the staged partials fit in the tile buffers");
+  // ---- outputs, from the fragments (through shared memory with 16-byte stores was no faster:
+  // docs/perf-notes.md, session 4).
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int row = wrow + g + 8 * r;
@@ -603,7 +596,7 @@ __device__ __forceinline__ void ws_consume(const KernelParams& p, WsConfig::Shar
     const float m = m_run[r];
     const float lse_e = l > 0.0f ? (m + log2f(l)) * kLn2 : -INFINITY;
     const int d0 = kWg * 256 + 2 * tq;
-    if (!split) {
+    if (p.num_splits == 1) {
       float denom = l;
       if (p.sink != nullptr && l > 0.0f) denom += exp2f(p.sink[h] * kLog2e - m);
       const float inv = l > 0.0f ? p.out_scale / denom : 0.0f;
@@ -611,9 +604,7 @@ __device__ __forceinline__ void ws_consume(const KernelParams& p, WsConfig::Shar
 #pragma unroll
       for (int j = 0; j < 32; ++j) {
         const uint32_t v = Elem::pack(acc_o[4 * j + 2 * r] * inv, acc_o[4 * j + 2 * r + 1] * inv);
-        if (staged) {
-          ptx::st_shared_u32(stage + uint32_t(row) * kRow16 + uint32_t(d0 + 8 * j) * 2, v);
-        } else if (p.out_vec2) {
+        if (p.out_vec2) {
           *reinterpret_cast<uint32_t*>(out + j * 8) = v;
         } else {
           out[j * 8] = uint16_t(v & 0xffffu);
@@ -625,30 +616,11 @@ __device__ __forceinline__ void ws_consume(const KernelParams& p, WsConfig::Shar
     } else {
       const int64_t part = (w.t * p.num_heads + h) * p.num_splits + w.split;
       const float inv = l > 0.0f ? p.out_scale / l : 0.0f;
+      float* po = p.part_out + part * kLatent + d0;
 #pragma unroll
       for (int j = 0; j < 32; ++j)
-        ptx::st_shared_f32x2(stage + uint32_t(row) * kRowF32 + uint32_t(d0 + 8 * j) * 4, acc_o[4 * j + 2 * r] * inv,
-                             acc_o[4 * j + 2 * r + 1] * inv);
+        *reinterpret_cast<float2*>(po + j * 8) = make_float2(acc_o[4 * j + 2 * r] * inv, acc_o[4 * j + 2 * r + 1] * inv);
       if (kWg == 0 && tq == 0) p.part_lse[part] = lse_e;
-    }
-  }
-  if (staged) {
-    ptx::named_sync(ws::kBarConsumers, ws::kConsumerThreads);
-    const int rows = min(64, p.num_heads - w.head0);
-    if (split) {  // 128 chunks of 16 bytes per row
-      for (int ci = tid; ci < rows * 128; ci += ws::kConsumerThreads) {
-        const int row = ci >> 7, ch = ci & 127;
-        const int64_t part = (w.t * p.num_heads + w.head0 + row) * p.num_splits + w.split;
-        *reinterpret_cast<uint4*>(p.part_out + part * kLatent + ch * 4) =
-            ptx::ld_shared_v4(stage + uint32_t(row) * kRowF32 + uint32_t(ch) * 16);
-      }
-    } else {  // 64 chunks of 16 bytes per row
-      auto* out = static_cast<uint16_t*>(p.out) + w.t * p.out_stride_t + int64_t(w.head0) * p.out_stride_h;
-      for (int ci = tid; ci < rows * 64; ci += ws::kConsumerThreads) {
-        const int row = ci >> 6, ch = ci & 63;
-        *reinterpret_cast<uint4*>(out + int64_t(row) * p.out_stride_h + ch * 8) =
-            ptx::ld_shared_v4(stage + uint32_t(row) * kRow16 + uint32_t(ch) * 16);
-      }
     }
   }
   if (kWg == 0 && wt == 0) ws_stamp(p, phase::kStored);

@@ -203,7 +203,6 @@ void sparse_mla(const SparseMlaParams& p, void* workspace, size_t workspace_byte
   kp.out = p.out;
   kp.out_stride_t = p.out_stride_t, kp.out_stride_h = p.out_stride_h;
   kp.out_vec2 = aligned(p.out, 4) && p.out_stride_t % 2 == 0 && p.out_stride_h % 2 == 0;
-  kp.out_vec16 = aligned(p.out, 16) && p.out_stride_t % 8 == 0 && p.out_stride_h % 8 == 0;
   kp.lse = p.lse_mode == LseMode::kOff ? nullptr : p.lse;
   kp.lse_stride_t = p.lse_stride_t;
   kp.lse_base2 = p.lse_mode == LseMode::kBase2;
