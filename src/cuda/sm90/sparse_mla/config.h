@@ -104,8 +104,8 @@ struct Config {
 struct WsConfig {
   static constexpr int kHeadTile = 64;
   static constexpr int kThreads = 3 * 128;
-  static constexpr int kConsumerRegs = 216;  // setmaxnreg, see the static_assert below
-  static constexpr int kProducerRegs = 72;
+  static constexpr int kConsumerRegs = 208;  // setmaxnreg, see the static_assert below
+  static constexpr int kProducerRegs = 80;
   static constexpr int kLaunchRegs = 168;  // what ptxas allocates per thread for 384 threads (65536 / 384, rounded down to 8)
   static constexpr int kDimBlocks = kMaxDim / 64;
   static constexpr int kAtomBytes = 64 * 2;
