@@ -187,6 +187,8 @@ int bench_cuda(const Args& a) {
   // --phases: stamp kernels around each call and phase stamps inside (adds two tiny launches to
   // every timed call), printed per case.
   const bool phases = a.has("phases");
+  // --graph: also time the calls captured into one CUDA graph (per-call mean, printed per case).
+  const bool graph = a.has("graph");
   const KvFormat fmt = parse_kv_format(a.get("format", "bf16"));
   SMLA_CHECK(D == 576 || D == 512, "--dim must be 576 or 512");
   SMLA_CHECK(K >= 1, "--topk must be >= 1");
@@ -275,6 +277,26 @@ int bench_cuda(const Args& a) {
         std::vector<uint64_t> words(size_t(cuda::phase::kWords));
         ck(cudaMemcpy(words.data(), phase_buf, words.size() * 8, cudaMemcpyDeviceToHost), "phase read");
         print_phases(words);
+      }
+      if (graph) {
+        // The same calls (one per index set) captured back to back into one CUDA graph, as a
+        // serving engine replays a decode step: launch overhead between calls is the graph's.
+        const int calls = std::min(rot, 64);
+        cudaGraph_t g = nullptr;
+        cudaGraphExec_t ge = nullptr;
+        ck(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "begin capture");
+        for (int i = 0; i < calls; ++i) {
+          SparseMlaParams pi = p;
+          pi.idx = p.idx + size_t(i % rot) * idx_elems;
+          cuda::sparse_mla(pi, ws.p, wsb, s, forced_splits);
+        }
+        ck(cudaStreamEndCapture(s, &g), "end capture");
+        ck(cudaGraphInstantiate(&ge, g, 0), "graph instantiate");
+        const Timing tg = time_events(s, 2, 9, [&](int) { ck(cudaGraphLaunch(ge, s), "graph launch"); });
+        std::printf("      graph: %d calls in one CUDA graph, %.2f us per call (median of 9 replays: %.4f ms)\n", calls,
+                    tg.median * 1e3 / calls, tg.median);
+        cudaGraphExecDestroy(ge);
+        cudaGraphDestroy(g);
       }
       recs.push_back(r);
     }
