@@ -167,14 +167,26 @@ __device__ __forceinline__ void ws_produce_quant(const KernelParams& p, WsConfig
   const bool rope = p.k_steps > kLatent / 16;
   const int row_bytes = p.raw_chunks * 16;  // bytes of a stored row the kernel may read
   int64_t off[2][4];                        // byte offsets of this thread's rows per buffer (-1: masked)
+  // Row ids one tile ahead: tile t's are loaded when tile t - 1's are used, so the index load's
+  // latency is not paid in front of every tile's copies (run 13: about half of the producer's
+  // cycles went neither to converting nor to waiting for buffers or rows; perf-notes, session 4).
+  int next_rows[4];
+  auto fetch_rows = [&](int tile) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int e = w.begin + tile * kBlockK + grp + 16 * i;
+      next_rows[i] = (tile < w.num_tiles && e < w.end) ? __ldg(w.idx_row + e) : -1;
+    }
+  };
+  fetch_rows(0);
   auto load_ids = [&](auto kb, int tile) {
     constexpr int kB = decltype(kb)::value;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const int e = w.begin + tile * kBlockK + grp + 16 * i;
-      const int row = e < w.end ? __ldg(w.idx_row + e) : -1;
+      const int row = next_rows[i];
       off[kB][i] = (row >= 0 && row < p.num_rows) ? int64_t(row) * p.kv_row_stride_bytes : int64_t(-1);
     }
+    fetch_rows(tile + 1);
   };
   // cp.async of half kH of buffer kB (one commit group).
   auto issue = [&](auto kb, auto kh) {
