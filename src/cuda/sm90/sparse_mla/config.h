@@ -98,13 +98,17 @@ struct Config {
 
 // The warp-specialized variant (head tile 64, kernel_ws.cuh): a producer warpgroup gathers one
 // tile at a time with cp.async into two tile buffers (tile i + 1 lands while tile i is computed);
-// consumer warpgroup w scores entries [32 w, 32 w + 32) of the tile and owns output dims
-// [256 w, 256 w + 256), with its own half of P from registers and the other half from shared
-// memory. Each buffer is released in two halves (dim blocks 0-3 and 4-8).
+// consumer 0 scores the whole tile (S = Q K^T, 64 x 64), runs the online softmax and adds
+// P V for output dims [0, 256) with P from registers; consumer 1 adds P V for dims [256, 512)
+// with P (and each row's rescale factor) from shared memory. Each buffer is released in two
+// halves (dim blocks 0-3 and 4-8).
 struct WsConfig {
   static constexpr int kHeadTile = 64;
   static constexpr int kThreads = 3 * 128;
-  static constexpr int kConsumerRegs = 208;  // setmaxnreg, see the static_assert below
+  // setmaxnreg per warpgroup (see the static_assert below): the scorer holds O, S and the packed
+  // P; consumer 1 only O.
+  static constexpr int kScorerRegs = 240;
+  static constexpr int kConsumerRegs = 184;
   static constexpr int kProducerRegs = 80;
   static constexpr int kLaunchRegs = 168;  // what ptxas allocates per thread for 384 threads (65536 / 384, rounded down to 8)
   static constexpr int kDimBlocks = kMaxDim / 64;
@@ -112,11 +116,11 @@ struct WsConfig {
   static constexpr int kBlockBytes = 64 * kAtomBytes;  // one (64 rows, 64 dims) swizzled block: 8 KiB
   struct SharedStorage {
     alignas(1024) uint16_t q[kDimBlocks][64 * 64];       // (9, 64 heads, 64)
-    alignas(1024) uint16_t kv[2][kDimBlocks][64 * 64];   // buffer w: the tile scored by consumer w
-    alignas(1024) uint16_t p[64 * 64];                   // a tile's P (64 heads x 64 entries); consumer w
-                                                         // writes entries [32 w, 32 w + 32)
-    float m_part[2][2][64];                              // [tile % 2][consumer] row maxima of its half
-    float l_part[2][64];                                 // row sums at the end
+    alignas(1024) uint16_t kv[2][kDimBlocks][64 * 64];   // tile i in buffer i % 2; once S is done,
+                                                         // its dim block 8 holds the tile's P (bf16)
+    float f[2][64];                                      // [tile % 2] each row's O rescale factor
+    float l_part[2][64];                                 // row sums at the end (consumer 1's: 0)
+    float m_final[64];                                   // the final row max (for consumer 1)
     uint64_t full[2][2];                                 // [buffer][half] rows landed
     uint64_t empty[2][2];                                // [buffer][half] consumers done with it
   };
@@ -125,12 +129,13 @@ struct WsConfig {
 
 inline constexpr size_t kSmemLimit = 227 * 1024;  // SM90 opt-in per-block limit
 static_assert(WsConfig::kSmemBytes <= kSmemLimit, "warp-specialized variant: shared memory over 227 KiB");
-static_assert(offsetof(WsConfig::SharedStorage, kv) % 1024 == 0 && offsetof(WsConfig::SharedStorage, p) % 1024 == 0,
+static_assert(offsetof(WsConfig::SharedStorage, kv) % 1024 == 0,
               "warp-specialized operands must start on 1024-byte swizzle atoms");
 // setmaxnreg.inc only takes registers that setmaxnreg.dec gave back inside the block: the
 // consumers' growth must fit in what the producer releases, or they wait forever (a hang, not
 // an error: measured on the H200 with 216 / 80).
-static_assert(2 * (WsConfig::kConsumerRegs - WsConfig::kLaunchRegs) <= WsConfig::kLaunchRegs - WsConfig::kProducerRegs,
+static_assert((WsConfig::kScorerRegs - WsConfig::kLaunchRegs) + (WsConfig::kConsumerRegs - WsConfig::kLaunchRegs) <=
+                  WsConfig::kLaunchRegs - WsConfig::kProducerRegs,
               "warp-specialized kernel: consumer registers exceed what the producer releases");
 static_assert(Config<1>::kSmemBytes <= kSmemLimit, "head tile 16: shared memory over 227 KiB");
 static_assert(Config<2>::kSmemBytes <= kSmemLimit, "head tile 32: shared memory over 227 KiB");

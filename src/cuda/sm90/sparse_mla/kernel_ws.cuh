@@ -7,17 +7,16 @@
 //     buffer i % 2 for tile i, each buffer in two halves (dim blocks 0-3, 4-8) with a "full"
 //     mbarrier (cp.async arrivals) and an "empty" mbarrier (consumer arrivals); masked entries are
 //     zero-filled, never read. Tile i + 1 is gathered while the consumers compute tile i.
-//   consumer w (warpgroup 0 / 1): S_w = Q K^T for score columns [32 w, 32 w + 32) of the tile
-//     (64 heads x 32 rows, m64n32k16, Q and K in shared memory), masked online softmax over the
-//     whole tile (row maxima exchanged), then its 256 output dims:
-//     O_w += P_w V (P from registers) + P_other V (the other half of P, from shared memory).
-// Both warpgroups take the same running max per row (max of both halves), so their O halves and
-// row sums stay on one reference. Named barriers between the two consumer warpgroups:
-//   kBarMax (row maxima of a tile exchanged), kBarP (both P halves stored),
-//   kBarConsumers (Q loaded, row sums exchanged).
-// Release of a tile's halves (each consumer warpgroup arrives once per half and tile): the half
-// its own P V does not read right after its S, the other after its P V — consumer 0's P V reads
-// dims 0-255 (blocks 0-3), consumer 1's dims 256-511 (blocks 4-7).
+//   consumer 0 (warpgroup 0, the scorer): S = Q K^T of the whole tile (64 heads x 64 entries,
+//     m64n64k16, Q and K in shared memory, Q read once per tile), masked online softmax, P (bf16)
+//     and each row's O rescale factor into shared memory (P into the tile's dim block 8, the
+//     RoPE block, which only S reads), then O[:, 0:256) += P V from registers.
+//   consumer 1 (warpgroup 1): O[:, 256:512) += P V with P and the factors from shared memory.
+// Release of a tile's halves (each consumer thread arrives once per half and tile): dims 0-3
+// after consumer 0's P V (consumer 1 never reads them), dims 4-8 after consumer 0's S and
+// consumer 1's P V (which also reads P there).
+// Named barriers: kBarP0 + tile % 2 (consumer 0 arrives with P stored, consumer 1 syncs),
+// kBarConsumers (Q loaded, row sums exchanged).
 #pragma once
 
 #include <string>
@@ -31,7 +30,9 @@
 namespace smla::cuda::sm90::sparse_mla {
 
 namespace ws {
-inline constexpr uint32_t kBarConsumers = 1, kBarMax = 2, kBarP = 3;
+// kBarP0 + tile % 2: consumer 0 arrives when a tile's P and rescale factors are stored, consumer 1
+// syncs (two ids: consumer 0 may run a tile ahead).
+inline constexpr uint32_t kBarConsumers = 1, kBarP0 = 2;
 inline constexpr uint32_t kConsumerThreads = 256;
 // -inf-safe reference for exp2: a row with no valid entry so far keeps max -inf and reference 0.
 __device__ __forceinline__ float ref_of(float m) { return m == -INFINITY ? 0.0f : m; }
@@ -337,7 +338,6 @@ __device__ __forceinline__ void ws_consume(const KernelParams& p, WsConfig::Shar
   const int wrow = warp * 16;              // first of this warp's 16 rows (heads) in the tile
   const int g = lane >> 2, tq = lane & 3;  // fragment row / column pair
   const int tid = kWg * 128 + wt;
-  constexpr int kCol0 = kWg * 32;  // this warpgroup's score columns = tile rows [kCol0, kCol0 + 32)
 
   // Q (64 heads x 576) -> shared memory, swizzled 128-byte atoms; heads past H and (D = 512)
   // dim block 8 are zero.
@@ -383,16 +383,18 @@ __device__ __forceinline__ void ws_consume(const KernelParams& p, WsConfig::Shar
   float m_run[2] = {-INFINITY, -INFINITY};  // rows wrow + g, wrow + g + 8 (log2 domain)
   float l_run[2] = {0.0f, 0.0f};            // sums over this warpgroup's columns
 
-  const uint32_t p_addr = ptx::smem_addr(s.p);  // the tile's P (64 x 64); this warpgroup writes its 32 columns
-
-  // S(64 x 32) = Q K^T over the 9 dim blocks of this warpgroup's 32 rows of buffer b (dims 0-3
-  // as soon as they land, then 4-8), two commit groups.
-  float acc_s[16];
+  // ---- consumer 0 (the scorer): S of the whole tile, softmax, P V for dims [0, 256).
+  // ---- consumer 1: P V for dims [256, 512), P and the rescale factors from shared memory.
+  // P of tile i goes to dim block 8 of its buffer (the RoPE block: only S reads K there, and S
+  // is done before P is stored; the half is refilled only after consumer 1's product read P).
+  float acc_s[32];
+  // S (64 heads x 64 entries) = Q K^T over the 9 dim blocks of buffer b (dims 0-3 as soon as
+  // they land, then 4-8), two commit groups.
   auto issue_scores = [&](int tile) {
     const int b = tile & 1;
     const uint32_t parity = (tile >> 1) & 1;
     const uint64_t q_desc = ptx::sw128_desc(q_base, 16, 1024);
-    const uint64_t k_desc = ptx::sw128_desc(ptx::smem_addr(s.kv[b]) + uint32_t(kCol0 * Cfg::kAtomBytes), 16, 1024);
+    const uint64_t k_desc = ptx::sw128_desc(ptx::smem_addr(s.kv[b]), 16, 1024);
     ptx::mbar_wait(ws_bar(s.full[b][0]), parity);
     ptx::wgmma_fence();
 #pragma unroll
@@ -400,7 +402,7 @@ __device__ __forceinline__ void ws_consume(const KernelParams& p, WsConfig::Shar
       const uint32_t off = uint32_t(blk * (Cfg::kBlockBytes >> 4));
 #pragma unroll
       for (int a = 0; a < 4; ++a)
-        ptx::wgmma_m64n32k16<Elem>(acc_s, q_desc + off + uint32_t(a * 2), k_desc + off + uint32_t(a * 2),
+        ptx::wgmma_m64n64k16<Elem>(acc_s, q_desc + off + uint32_t(a * 2), k_desc + off + uint32_t(a * 2),
                                    (blk == 0 && a == 0) ? 0 : 1);
     }
     ptx::wgmma_commit();  // (a commit group per half: no spin loop inside a group, or ptxas serializes)
@@ -411,18 +413,18 @@ __device__ __forceinline__ void ws_consume(const KernelParams& p, WsConfig::Shar
       const uint32_t off = uint32_t(blk * (Cfg::kBlockBytes >> 4));
 #pragma unroll
       for (int a = 0; a < 4; ++a)
-        ptx::wgmma_m64n32k16<Elem>(acc_s, q_desc + off + uint32_t(a * 2), k_desc + off + uint32_t(a * 2), 1);
+        ptx::wgmma_m64n64k16<Elem>(acc_s, q_desc + off + uint32_t(a * 2), k_desc + off + uint32_t(a * 2), 1);
     }
     ptx::wgmma_commit();
   };
-  // Valid-entry bits of this thread's 8 score columns kCol0 + 8 j + 2 tq + u (bit 2 j + u) of a tile.
+  // Valid-entry bits of this thread's 16 score columns 8 j + 2 tq + u (bit 2 j + u) of a tile.
   auto column_mask = [&](int tile) {
     uint32_t bits = 0;
 #pragma unroll
-    for (int j = 0; j < 4; ++j)
+    for (int j = 0; j < 8; ++j)
 #pragma unroll
       for (int u = 0; u < 2; ++u) {
-        const int e = w.begin + tile * kBlockK + kCol0 + 8 * j + 2 * tq + u;
+        const int e = w.begin + tile * kBlockK + 8 * j + 2 * tq + u;
         if (e < w.end) {
           const int row = __ldg(w.idx_row + e);
           if (row >= 0 && row < p.num_rows) bits |= 1u << (2 * j + u);
@@ -430,38 +432,10 @@ __device__ __forceinline__ void ws_consume(const KernelParams& p, WsConfig::Shar
       }
     return bits;
   };
-  // Masked scores in the log2 domain and this warpgroup's row maxima (quad-reduced).
-  auto mask_and_max = [&](uint32_t bits, float (&mx)[2]) {
-    mx[0] = mx[1] = -INFINITY;
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const bool ok = (bits >> (2 * j + (i & 1))) & 1u;
-        acc_s[4 * j + i] = ok ? acc_s[4 * j + i] * p.scale_log2 : -INFINITY;
-        mx[i >> 1] = fmaxf(mx[i >> 1], acc_s[4 * j + i]);
-      }
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-    }
-  };
-  // P = 2^(S - ref(m)) in place (fp32); row sums into `sum`.
-  auto exponentiate = [&](const float (&m)[2], float (&sum)[2]) {
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const float ref = ws::ref_of(m[r]);
-      sum[r] = 0.0f;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        acc_s[4 * j + 2 * r] = ptx::fast_exp2(acc_s[4 * j + 2 * r] - ref);
-        acc_s[4 * j + 2 * r + 1] = ptx::fast_exp2(acc_s[4 * j + 2 * r + 1] - ref);
-        sum[r] += acc_s[4 * j + 2 * r] + acc_s[4 * j + 2 * r + 1];
-      }
-    }
-  };
+  // O *= f per row, skipped by a warp whose 16 rows all kept their max (after the first tiles,
+  // nearly always).
   auto scale_o = [&](const float (&f)[2]) {
+    if (!__any_sync(0xffffffffu, f[0] != 1.0f || f[1] != 1.0f)) return;
 #pragma unroll
     for (int j = 0; j < 32; ++j) {
       acc_o[4 * j] *= f[0];
@@ -470,116 +444,146 @@ __device__ __forceinline__ void ws_consume(const KernelParams& p, WsConfig::Shar
       acc_o[4 * j + 3] *= f[1];
     }
   };
-  // This warpgroup's P as the A fragments of its two k-steps: k-step kk covers its columns
-  // [16 kk, 16 kk + 16) = n8 blocks 2 kk and 2 kk + 1.
-  uint32_t a_p[2][4];
-  auto pack_p = [&]() {
-#pragma unroll
-    for (int kk = 0; kk < 2; ++kk) {
-      a_p[kk][0] = Elem::pack(acc_s[8 * kk + 0], acc_s[8 * kk + 1]);
-      a_p[kk][1] = Elem::pack(acc_s[8 * kk + 2], acc_s[8 * kk + 3]);
-      a_p[kk][2] = Elem::pack(acc_s[8 * kk + 4], acc_s[8 * kk + 5]);
-      a_p[kk][3] = Elem::pack(acc_s[8 * kk + 6], acc_s[8 * kk + 7]);
-    }
+  // P V over a tile's 64 rows for this warpgroup's 256 dims (one commit group): V = dim blocks
+  // [4 kWg, 4 kWg + 4) of buffer b; k-step kk covers rows [16 kk, 16 kk + 16).
+  auto v_desc_of = [&](int b) {
+    return ptx::sw128_desc(ptx::smem_addr(s.kv[b]) + uint32_t(kWg * 4 * Cfg::kBlockBytes), Cfg::kBlockBytes, 1024);
   };
-  auto fence_a_p = [&]() {
+
+  const int n = w.num_tiles;
+  if constexpr (kWg == 0) {
+    // Masked scores in the log2 domain and the tile's row maxima (quad-reduced).
+    auto mask_and_max = [&](uint32_t bits, float (&mx)[2]) {
+      mx[0] = mx[1] = -INFINITY;
 #pragma unroll
-    for (int kk = 0; kk < 2; ++kk) ptx::fence_operands(a_p[kk]);
-  };
-  // The packed P -> columns [kCol0, kCol0 + 32) of the shared 64 x 64 P (K-major, swizzled).
-  auto store_p = [&]() {
+      for (int j = 0; j < 8; ++j)
 #pragma unroll
-    for (int kk = 0; kk < 2; ++kk)
+        for (int i = 0; i < 4; ++i) {
+          const bool ok = (bits >> (2 * j + (i & 1))) & 1u;
+          acc_s[4 * j + i] = ok ? acc_s[4 * j + i] * p.scale_log2 : -INFINITY;
+          mx[i >> 1] = fmaxf(mx[i >> 1], acc_s[4 * j + i]);
+        }
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        const int row = wrow + g + 8 * r;
-        const int chunk = kCol0 / 8 + 2 * kk;  // 16-byte chunk (8 columns) of the 128-byte row
-        const uint32_t row_base = p_addr + uint32_t(row * (kBlockK * 2) + tq * 4);
-        asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(row_base + (swizzle(row, chunk) << 4)), "r"(a_p[kk][r])
-                     : "memory");
-        asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(row_base + (swizzle(row, chunk + 1) << 4)), "r"(a_p[kk][2 + r])
-                     : "memory");
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
       }
-  };
-  // O += P V over the tile's 64 rows, this warpgroup's 256 dims: its own 32 rows with P from
-  // registers, the other warpgroup's 32 with P from shared memory. One commit group.
-  auto issue_pv = [&](int tile) {
-    const uint32_t kv = ptx::smem_addr(s.kv[tile & 1]) + uint32_t(kWg * 4 * Cfg::kBlockBytes);
-    const uint64_t v_desc = ptx::sw128_desc(kv, Cfg::kBlockBytes, 1024);
-    const uint64_t a_desc = ptx::sw128_desc(p_addr, 16, 1024);
-    ptx::wgmma_fence();
+    };
+    // P = 2^(S - ref(m)) as the A fragments of the tile's four k-steps (k-step kk: entries
+    // [16 kk, 16 kk + 16) = n8 blocks 2 kk and 2 kk + 1); row sums into `sum`.
+    uint32_t a_p[4][4];
+    auto softmax_pack = [&](const float (&m)[2], float (&sum)[2]) {
+      float ref[2];
 #pragma unroll
-    for (int kk = 0; kk < 2; ++kk) {
-      const int rb = 2 * kWg + kk;  // 16-row block of the tile
-      ptx::wgmma_m64n256k16_rs_tb<Elem>(acc_o, a_p[kk], v_desc + uint32_t((rb * 16 * Cfg::kAtomBytes) >> 4));
-    }
+      for (int r = 0; r < 2; ++r) ref[r] = ws::ref_of(m[r]), sum[r] = 0.0f;
 #pragma unroll
-    for (int kk = 0; kk < 2; ++kk) {
-      const int rb = 2 * (kWg ^ 1) + kk;
-      ptx::wgmma_m64n256k16_tb<Elem>(acc_o, a_desc + uint32_t((rb * 32) >> 4),
-                                     v_desc + uint32_t((rb * 16 * Cfg::kAtomBytes) >> 4));
-    }
-    ptx::wgmma_commit();
-  };
-  // The half of a buffer this warpgroup's P V reads (consumer 0: dims 0-255 = blocks 0-3), and
-  // the other one, read by its S only.
-  constexpr int kPvHalf = kWg, kSOnlyHalf = kWg ^ 1;
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          acc_s[4 * j + i] = ptx::fast_exp2(acc_s[4 * j + i] - ref[i >> 1]);
+          sum[i >> 1] += acc_s[4 * j + i];
+        }
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        a_p[kk][0] = Elem::pack(acc_s[8 * kk + 0], acc_s[8 * kk + 1]);
+        a_p[kk][1] = Elem::pack(acc_s[8 * kk + 2], acc_s[8 * kk + 3]);
+        a_p[kk][2] = Elem::pack(acc_s[8 * kk + 4], acc_s[8 * kk + 5]);
+        a_p[kk][3] = Elem::pack(acc_s[8 * kk + 6], acc_s[8 * kk + 7]);
+      }
+    };
+    // The packed P -> dim block 8 of buffer b (64 x 64, K-major, swizzled), visible to wgmma.
+    auto store_p = [&](int b) {
+      const uint32_t p_addr = ptx::smem_addr(s.kv[b][8]);
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int row = wrow + g + 8 * r;
+          const uint32_t row_base = p_addr + uint32_t(row * (kBlockK * 2) + tq * 4);
+          asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(row_base + (swizzle(row, 2 * kk) << 4)), "r"(a_p[kk][r])
+                       : "memory");
+          asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(row_base + (swizzle(row, 2 * kk + 1) << 4)),
+                       "r"(a_p[kk][2 + r])
+                       : "memory");
+        }
+      ptx::fence_proxy_async_smem();
+    };
 
-  // Every path through the loop body ends with no wgmma in flight (a group pending across the
-  // back edge makes ptxas serialize them, C7515); the next tile's S still runs behind this P V.
-  uint32_t bits = 0;
-  if (w.num_tiles > 0) {
-    issue_scores(0);
-    if (kWg == 0 && wt == 0) ws_stamp(p, phase::kTile0Landed);
-    bits = column_mask(0);
-    ptx::wgmma_wait<0>();
-    ptx::fence_operands(acc_s);
-  }
-  for (int tile = 0; tile < w.num_tiles; ++tile) {
-    const int b = tile & 1;
-    ptx::mbar_arrive(ws_bar(s.empty[b][kSOnlyHalf]));  // this tile's S is done
-    float mx[2], m_new[2], sum[2], f[2];
-    mask_and_max(bits, mx);
-    // Row maxima of both halves of the tile; slot tile % 2, so a warpgroup a tile ahead never
-    // overwrites what the other has not read.
-    float* m_mine = s.m_part[tile & 1][kWg];
-    const float* m_other = s.m_part[tile & 1][kWg ^ 1];
-    if (tq == 0) {
-      m_mine[wrow + g] = mx[0];
-      m_mine[wrow + g + 8] = mx[1];
-    }
-    ptx::named_sync(ws::kBarMax, ws::kConsumerThreads);
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      m_new[r] = fmaxf(m_run[r], fmaxf(mx[r], m_other[wrow + g + 8 * r]));
-      f[r] = ws::rescale(m_run[r], m_new[r]);
-      m_run[r] = m_new[r];
-    }
-    scale_o(f);
-    exponentiate(m_new, sum);
-#pragma unroll
-    for (int r = 0; r < 2; ++r) l_run[r] = l_run[r] * f[r] + sum[r];
-    pack_p();
-    // Both P halves in shared memory before either warpgroup's second product reads them. The
-    // previous tile's P was read by both (each waited for its P V before the max exchange above).
-    store_p();
-    ptx::fence_proxy_async_smem();
-    ptx::named_sync(ws::kBarP, ws::kConsumerThreads);
-    issue_pv(tile);
-    if (tile + 1 < w.num_tiles) {
-      issue_scores(tile + 1);  // the next tile's S behind this P V
-      ptx::wgmma_wait<2>();    // P V done (the two groups of S may still run)
-      ptx::fence_operands(acc_o);
-      fence_a_p();
-      ptx::mbar_arrive(ws_bar(s.empty[b][kPvHalf]));
-      bits = column_mask(tile + 1);
+    // Every path through the loop body ends with no wgmma in flight (a group pending across the
+    // back edge makes ptxas serialize them, C7515); the next tile's S still runs behind this P V.
+    uint32_t bits = 0;
+    if (n > 0) {
+      issue_scores(0);
+      if (wt == 0) ws_stamp(p, phase::kTile0Landed);
+      bits = column_mask(0);
       ptx::wgmma_wait<0>();
       ptx::fence_operands(acc_s);
-    } else {
+    }
+    for (int tile = 0; tile < n; ++tile) {
+      const int b = tile & 1;
+      ptx::mbar_arrive(ws_bar(s.empty[b][1]));  // S is done with dims 4-8 (consumer 1's P V releases them)
+      float mx[2], f[2], sum[2];
+      mask_and_max(bits, mx);
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const float m_new = fmaxf(m_run[r], mx[r]);
+        f[r] = m_new == m_run[r] ? 1.0f : ws::rescale(m_run[r], m_new);
+        m_run[r] = m_new;
+      }
+      softmax_pack(m_run, sum);
+#pragma unroll
+      for (int r = 0; r < 2; ++r) l_run[r] = l_run[r] * f[r] + sum[r];
+      store_p(b);
+      if (tq == 0) {
+        s.f[b][wrow + g] = f[0];
+        s.f[b][wrow + g + 8] = f[1];
+      }
+      ptx::named_arrive(ws::kBarP0 + b, ws::kConsumerThreads);  // P and f of this tile ready
+      scale_o(f);
+      {
+        const uint64_t v_desc = v_desc_of(b);
+        ptx::wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+          ptx::wgmma_m64n256k16_rs_tb<Elem>(acc_o, a_p[kk], v_desc + uint32_t((kk * 16 * Cfg::kAtomBytes) >> 4));
+        ptx::wgmma_commit();
+      }
+      if (tile + 1 < n) {
+        issue_scores(tile + 1);  // the next tile's S behind this P V
+        ptx::wgmma_wait<2>();    // P V done (the two groups of S may still run)
+        ptx::fence_operands(acc_o);
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) ptx::fence_operands(a_p[kk]);
+        ptx::mbar_arrive(ws_bar(s.empty[b][0]));
+        bits = column_mask(tile + 1);
+        ptx::wgmma_wait<0>();
+        ptx::fence_operands(acc_s);
+      } else {
+        ptx::wgmma_wait<0>();
+        ptx::fence_operands(acc_o);
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) ptx::fence_operands(a_p[kk]);
+        ptx::mbar_arrive(ws_bar(s.empty[b][0]));
+      }
+    }
+  } else {
+    for (int tile = 0; tile < n; ++tile) {
+      const int b = tile & 1;
+      ptx::named_sync(ws::kBarP0 + b, ws::kConsumerThreads);
+      ptx::mbar_arrive(ws_bar(s.empty[b][0]));  // never read here
+      const float f[2] = {s.f[b][wrow + g], s.f[b][wrow + g + 8]};
+      scale_o(f);
+      const uint64_t v_desc = v_desc_of(b);
+      const uint64_t a_desc = ptx::sw128_desc(ptx::smem_addr(s.kv[b][8]), 16, 1024);
+      ptx::wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk)
+        ptx::wgmma_m64n256k16_tb<Elem>(acc_o, a_desc + uint32_t((kk * 32) >> 4),
+                                       v_desc + uint32_t((kk * 16 * Cfg::kAtomBytes) >> 4));
+      ptx::wgmma_commit();
       ptx::wgmma_wait<0>();
       ptx::fence_operands(acc_o);
-      fence_a_p();
-      ptx::mbar_arrive(ws_bar(s.empty[b][kPvHalf]));
+      ptx::mbar_arrive(ws_bar(s.empty[b][1]));  // P V done with dims 4-7 and P
     }
   }
 
@@ -591,8 +595,12 @@ __device__ __forceinline__ void ws_consume(const KernelParams& p, WsConfig::Shar
     l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 2);
   }
   if (tq == 0) {
-    s.l_part[kWg][wrow + g] = l_run[0];
+    s.l_part[kWg][wrow + g] = l_run[0];  // (consumer 1's: 0; consumer 0 sums the whole tile)
     s.l_part[kWg][wrow + g + 8] = l_run[1];
+    if constexpr (kWg == 0) {
+      s.m_final[wrow + g] = m_run[0];
+      s.m_final[wrow + g + 8] = m_run[1];
+    }
   }
   ptx::named_sync(ws::kBarConsumers, ws::kConsumerThreads);
   if (kWg == 0 && wt == 0) ws_stamp(p, phase::kRowSums);
@@ -605,7 +613,7 @@ __device__ __forceinline__ void ws_consume(const KernelParams& p, WsConfig::Shar
     const int h = w.head0 + row;
     if (h >= p.num_heads) continue;
     const float l = s.l_part[0][row] + s.l_part[1][row];
-    const float m = m_run[r];
+    const float m = kWg == 0 ? m_run[r] : s.m_final[row];
     const float lse_e = l > 0.0f ? (m + log2f(l)) * kLn2 : -INFINITY;
     const int d0 = kWg * 256 + 2 * tq;
     if (p.num_splits == 1) {
@@ -674,10 +682,12 @@ __global__ void __launch_bounds__(WsConfig::kThreads, 1) sparse_mla_ws_kernel(co
     ptx::setmaxnreg_dec<Cfg::kProducerRegs>();
     if constexpr (kRow == RowFormat::kNative16) ws_produce(p, s, w, wt);
     else ws_produce_quant<kRow>(p, s, w, wt);
+  } else if (wg == 0) {
+    ptx::setmaxnreg_inc<Cfg::kScorerRegs>();
+    ws_consume<Elem, 0>(p, s, w, wt);
   } else {
     ptx::setmaxnreg_inc<Cfg::kConsumerRegs>();
-    if (wg == 0) ws_consume<Elem, 0>(p, s, w, wt);
-    else ws_consume<Elem, 1>(p, s, w, wt);
+    ws_consume<Elem, 1>(p, s, w, wt);
   }
 }
 
