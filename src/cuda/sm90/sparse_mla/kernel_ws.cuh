@@ -455,14 +455,24 @@ __device__ __forceinline__ void ws_consume(const KernelParams& p, WsConfig::Shar
     // Masked scores in the log2 domain and the tile's row maxima (quad-reduced).
     auto mask_and_max = [&](uint32_t bits, float (&mx)[2]) {
       mx[0] = mx[1] = -INFINITY;
+      if (__all_sync(0xffffffffu, bits == 0xffffu)) {  // every entry valid (the common case): no per-entry tests
 #pragma unroll
-      for (int j = 0; j < 8; ++j)
+        for (int j = 0; j < 8; ++j)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const bool ok = (bits >> (2 * j + (i & 1))) & 1u;
-          acc_s[4 * j + i] = ok ? acc_s[4 * j + i] * p.scale_log2 : -INFINITY;
-          mx[i >> 1] = fmaxf(mx[i >> 1], acc_s[4 * j + i]);
-        }
+          for (int i = 0; i < 4; ++i) {
+            acc_s[4 * j + i] *= p.scale_log2;
+            mx[i >> 1] = fmaxf(mx[i >> 1], acc_s[4 * j + i]);
+          }
+      } else {
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const bool ok = (bits >> (2 * j + (i & 1))) & 1u;
+            acc_s[4 * j + i] = ok ? acc_s[4 * j + i] * p.scale_log2 : -INFINITY;
+            mx[i >> 1] = fmaxf(mx[i >> 1], acc_s[4 * j + i]);
+          }
+      }
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
@@ -533,14 +543,8 @@ __device__ __forceinline__ void ws_consume(const KernelParams& p, WsConfig::Shar
       softmax_pack(m_run, sum);
 #pragma unroll
       for (int r = 0; r < 2; ++r) l_run[r] = l_run[r] * f[r] + sum[r];
-      store_p(b);
-      if (tq == 0) {
-        s.f[b][wrow + g] = f[0];
-        s.f[b][wrow + g + 8] = f[1];
-      }
-      ptx::named_arrive(ws::kBarP0 + b, ws::kConsumerThreads);  // P and f of this tile ready
       scale_o(f);
-      {
+      {  // own P V first: P's stores for consumer 1 then run behind it
         const uint64_t v_desc = v_desc_of(b);
         ptx::wgmma_fence();
 #pragma unroll
@@ -548,6 +552,12 @@ __device__ __forceinline__ void ws_consume(const KernelParams& p, WsConfig::Shar
           ptx::wgmma_m64n256k16_rs_tb<Elem>(acc_o, a_p[kk], v_desc + uint32_t((kk * 16 * Cfg::kAtomBytes) >> 4));
         ptx::wgmma_commit();
       }
+      store_p(b);
+      if (tq == 0) {
+        s.f[b][wrow + g] = f[0];
+        s.f[b][wrow + g + 8] = f[1];
+      }
+      ptx::named_arrive(ws::kBarP0 + b, ws::kConsumerThreads);  // P and f of this tile ready
       if (tile + 1 < n) {
         issue_scores(tile + 1);  // the next tile's S behind this P V
         ptx::wgmma_wait<2>();    // P V done (the two groups of S may still run)
