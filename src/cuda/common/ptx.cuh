@@ -121,28 +121,6 @@ __device__ __forceinline__ void fence_proxy_async_smem() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
-// D(64 x 32, fp32) = A(64 x 16, K-major smem) B(16 x 32, K-major smem) + (scale_d ? D : 0).
-// scale_d = 0 starts an accumulator without a non-wgmma instruction writing it first (a zeroing
-// store between wgmma.fence and the wait makes ptxas serialize the wgmmas, warning C7515).
-template <typename Elem>
-__device__ __forceinline__ void wgmma_m64n32k16(float (&d)[16], uint64_t desc_a, uint64_t desc_b, int scale_d = 1);
-template <>
-__device__ __forceinline__ void wgmma_m64n32k16<Bf16>(float (&d)[16], uint64_t desc_a, uint64_t desc_b, int scale_d) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
-}
-template <>
-__device__ __forceinline__ void wgmma_m64n32k16<Fp16>(float (&d)[16], uint64_t desc_a, uint64_t desc_b, int scale_d) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
-}
-
 // D(64 x 256, fp32) += A(64 x 16, K-major smem) B(16 x 256, MN-major smem: transposed).
 template <typename Elem>
 __device__ __forceinline__ void wgmma_m64n256k16_tb(float (&d)[128], uint64_t desc_a, uint64_t desc_b);
@@ -235,6 +213,8 @@ __device__ __forceinline__ void fence_operands(uint32_t (&r)[N]) {
 }
 
 // D(64 x 64, fp32) = A(64 x 16, K-major smem) B(16 x 64, K-major smem) + (scale_d ? D : 0).
+// scale_d = 0 starts an accumulator without a non-wgmma instruction writing it first (a zeroing
+// store between wgmma.fence and the wait makes ptxas serialize the wgmmas, warning C7515).
 template <typename Elem>
 __device__ __forceinline__ void wgmma_m64n64k16(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int scale_d = 1);
 template <>

@@ -329,7 +329,7 @@ __device__ __forceinline__ void ws_produce_quant(const KernelParams& p, WsConfig
   }
 }
 
-// Consumer kWg: score columns [32 kWg, 32 kWg + 32) of every tile, output dims [256 kWg, 256 kWg + 256).
+// Consumer kWg (0: the scorer) of output dims [256 kWg, 256 kWg + 256).
 template <typename Elem, int kWg>
 __device__ __forceinline__ void ws_consume(const KernelParams& p, WsConfig::SharedStorage& s, const WsBlock& w,
                                            int wt) {
