@@ -106,10 +106,10 @@ struct WsConfig {
   static constexpr int kHeadTile = 64;
   static constexpr int kThreads = 3 * 128;
   // setmaxnreg per warpgroup (see the static_assert below): the scorer holds O, S and the packed
-  // P; consumer 1 only O.
+  // P; consumer 1 O and one half's raw bytes; the producer only addresses.
   static constexpr int kScorerRegs = 240;
-  static constexpr int kConsumerRegs = 184;
-  static constexpr int kProducerRegs = 80;
+  static constexpr int kConsumerRegs = 208;  // consumer 1 also dequantizes (quantized formats)
+  static constexpr int kProducerRegs = 56;
   static constexpr int kLaunchRegs = 168;  // what ptxas allocates per thread for 384 threads (65536 / 384, rounded down to 8)
   static constexpr int kDimBlocks = kMaxDim / 64;
   static constexpr int kAtomBytes = 64 * 2;
@@ -121,7 +121,8 @@ struct WsConfig {
     float f[2][64];                                      // [tile % 2] each row's O rescale factor
     float l_part[2][64];                                 // row sums at the end (consumer 1's: 0)
     float m_final[64];                                   // the final row max (for consumer 1)
-    uint64_t full[2][2];                                 // [buffer][half] rows landed
+    uint64_t full[2][2];                                 // [buffer][half] rows landed (quantized: dequantized)
+    uint64_t raw[2][2];                                  // [buffer][half] quantized: raw bytes landed
     uint64_t empty[2][2];                                // [buffer][half] consumers done with it
   };
   static constexpr size_t kSmemBytes = sizeof(SharedStorage);

@@ -130,13 +130,13 @@ __device__ __forceinline__ void ws_produce(const KernelParams& p, WsConfig::Shar
   if (wt == 0) ws_stamp(p, phase::kProducerDone);
 }
 
-// Producer for the quantized formats. Each half of a buffer is gathered raw with cp.async into a
-// staging area inside that half (StageLayout below), then dequantized in place: every producer
-// thread reads its raw bytes into registers, the producer warpgroup syncs (kBarProducer), and
-// the bf16 chunks are written to their swizzled places. While one half is dequantized the next
-// one is already in flight when its buffer is free (one half of look-ahead).
+// Quantized formats. Each half of a buffer is gathered raw with cp.async by the producer into a
+// staging area inside that half (StageLayout below), then dequantized in place by consumer 1,
+// which is otherwise idle while the scorer computes S and the softmax: each of its threads reads
+// its raw bytes into registers, the warpgroup syncs (kBarConvert), and the bf16 chunks are
+// written to their swizzled places. Tile t + 1 is dequantized while the scorer works on tile t.
 namespace ws {
-inline constexpr uint32_t kBarProducer = 6;
+inline constexpr uint32_t kBarConvert = 6;  // consumer 1's 128 threads, dequantizing
 // Raw bytes of half h (0: dims 0-255, 1: dims 256-511 and the RoPE block) staged as segment 0
 // then segment 1, `bytes` per row, rows 'bytes' apart from dim block `block` of the half's buffer.
 struct StageHalf {
@@ -158,6 +158,88 @@ struct StageLayout<RowFormat::kNvFp4DsMla> {  // [0,256) e2m1, [256,320) e4m3 Ro
 };
 }  // namespace ws
 
+// Dequantizes half kH of buffer kB in place, by consumer 1's 128 threads (thread wt: rows
+// grp + 16 i, 16-byte chunk c of each dim block, as the producer's copies): waits for the raw
+// bytes (the producer's "raw" mbarrier, phase `parity`), reads this thread's raw bytes into
+// registers, syncs the warpgroup (every raw byte read before any is overwritten), writes the
+// bf16 chunks to their swizzled places and arrives on the half's "full" mbarrier.
+template <RowFormat kRow, int kB, int kH>
+__device__ __forceinline__ void ws_convert_half(const KernelParams& p, WsConfig::SharedStorage& s, int wt,
+                                                uint32_t parity) {
+  using Cfg = WsConfig;
+  constexpr ws::StageHalf st = ws::StageLayout<kRow>::h[kH];
+  constexpr int kBlk0 = kH == 0 ? 0 : 4;
+  constexpr int kNb = kH == 0 ? 4 : (kRow == RowFormat::kFp8DsMla ? 4 : 5);  // ds_mla RoPE is in place
+  const int c = wt & 7, grp = wt >> 3;
+  const bool rope = p.k_steps > kLatent / 16;
+  ptx::mbar_wait(ws_bar(s.raw[kB][kH]), parity);
+  const uint8_t* stage = reinterpret_cast<const uint8_t*>(s.kv[kB][st.block]);
+  uint32_t lo[4][kNb], hi[4][kNb];  // raw bytes of chunk (row i, block kBlk0 + j)
+  float sc[4][kNb];                 // its scale (fp8_ds_mla tile scale, nvfp4 block scale)
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint8_t* sr = stage + (grp + 16 * i) * st.bytes;
+#pragma unroll
+    for (int j = 0; j < kNb; ++j) {
+      const int blk = kBlk0 + j;
+      if constexpr (kRow == RowFormat::kFp8E4M3) {
+        dq::ld_u32x2(sr + (blk - kBlk0) * 64 + c * 8, lo[i][j], hi[i][j]);
+        sc[i][j] = 1.0f;
+      } else if constexpr (kRow == RowFormat::kFp8DsMla) {
+        dq::ld_u32x2(sr + (blk - kBlk0) * 64 + c * 8, lo[i][j], hi[i][j]);
+        sc[i][j] = num::bits_f32(dq::ld_u32(sr + 256 + 4 * (blk >> 1)));
+      } else {
+        if (blk < 8) {
+          const int ch = blk * 8 + c;  // latent chunk: bytes 4 ch .. 4 ch + 3 of the row
+          lo[i][j] = dq::ld_u32(sr + 4 * ch - (kH == 0 ? 0 : 128));
+          const int scale_at = num::nvfp4_scale_offset(ch >> 1);
+          hi[i][j] = sr[kH == 0 ? scale_at - 320 + 128 : scale_at - 128];  // the e4m3 block scale byte
+          sc[i][j] = 1.0f;
+        } else {
+          dq::ld_u32x2(sr + 128 + 8 * c, lo[i][j], hi[i][j]);  // RoPE, e4m3 unscaled
+          sc[i][j] = 1.0f;
+        }
+      }
+    }
+  }
+  ptx::named_sync(ws::kBarConvert, 128);  // every raw byte read before any is overwritten
+  const uint32_t base = ptx::smem_addr(s.kv[kB]) + uint32_t(grp * Cfg::kAtomBytes + ((c ^ (grp & 7)) << 4));
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int j = 0; j < kNb; ++j) {
+      const int blk = kBlk0 + j;
+      dq::Chunk v;
+      if constexpr (kRow == RowFormat::kFp8E4M3) v = dq::e4m3x8_fast(lo[i][j], hi[i][j]);
+      else if constexpr (kRow == RowFormat::kFp8DsMla) v = dq::e4m3x8_scaled_fast(lo[i][j], hi[i][j], sc[i][j]);
+      else
+        v = blk < 8 ? dq::e2m1x8_scaled_lut(lo[i][j], dq::e4m3_bf16_bits(hi[i][j])) : dq::e4m3x8_fast(lo[i][j], hi[i][j]);
+      if (blk == 8 && !rope) v = dq::Chunk{{0u, 0u, 0u, 0u}};
+      const uint32_t dst = base + uint32_t(blk * Cfg::kBlockBytes + 16 * i * Cfg::kAtomBytes);
+      asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst), "r"(v.w[0]), "r"(v.w[1]), "r"(v.w[2]),
+                   "r"(v.w[3])
+                   : "memory");
+    }
+  ptx::fence_proxy_async_smem();
+  ptx::mbar_arrive(ws_bar(s.full[kB][kH]));
+}
+
+// Both halves of `tile` (buffer tile % 2), dims 0-3 first.
+template <RowFormat kRow>
+__device__ __forceinline__ void ws_convert_tile(const KernelParams& p, WsConfig::SharedStorage& s, int wt, int tile) {
+  const uint32_t parity = (tile >> 1) & 1;
+  if (tile & 1) {
+    ws_convert_half<kRow, 1, 0>(p, s, wt, parity);
+    ws_convert_half<kRow, 1, 1>(p, s, wt, parity);
+  } else {
+    ws_convert_half<kRow, 0, 0>(p, s, wt, parity);
+    ws_convert_half<kRow, 0, 1>(p, s, wt, parity);
+  }
+}
+
+// Producer for the quantized formats: gathers each half's raw bytes with cp.async into its
+// staging area (StageLayout; fp8_ds_mla's bf16 RoPE straight to dim block 8) and signals the
+// half's "raw" mbarrier; consumer 1 dequantizes it in place (ws_convert_half).
 template <RowFormat kRow>
 __device__ __forceinline__ void ws_produce_quant(const KernelParams& p, WsConfig::SharedStorage& s, const WsBlock& w,
                                                  int wt) {
@@ -167,10 +249,8 @@ __device__ __forceinline__ void ws_produce_quant(const KernelParams& p, WsConfig
   const uint32_t kv_base0 = ptx::smem_addr(s.kv[0]), kv_base1 = ptx::smem_addr(s.kv[1]);
   const bool rope = p.k_steps > kLatent / 16;
   const int row_bytes = p.raw_chunks * 16;  // bytes of a stored row the kernel may read
-  int64_t off[2][4];                        // byte offsets of this thread's rows per buffer (-1: masked)
-  // Row ids one tile ahead: tile t's are loaded when tile t - 1's are used, so the index load's
-  // latency is not paid in front of every tile's copies (run 13: about half of the producer's
-  // cycles went neither to converting nor to waiting for buffers or rows; perf-notes, session 4).
+  int64_t off[4];                           // byte offsets of this thread's rows in the next tile (-1: masked)
+  // Row ids one tile ahead: tile t's are loaded when tile t - 1's offsets are formed.
   int next_rows[4];
   auto fetch_rows = [&](int tile) {
 #pragma unroll
@@ -180,25 +260,23 @@ __device__ __forceinline__ void ws_produce_quant(const KernelParams& p, WsConfig
     }
   };
   fetch_rows(0);
-  auto load_ids = [&](auto kb, int tile) {
-    constexpr int kB = decltype(kb)::value;
+  auto load_ids = [&](int tile) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int row = next_rows[i];
-      off[kB][i] = (row >= 0 && row < p.num_rows) ? int64_t(row) * p.kv_row_stride_bytes : int64_t(-1);
+      off[i] = (row >= 0 && row < p.num_rows) ? int64_t(row) * p.kv_row_stride_bytes : int64_t(-1);
     }
     fetch_rows(tile + 1);
   };
-  // cp.async of half kH of buffer kB (one commit group).
-  auto issue = [&](auto kb, auto kh) {
-    constexpr int kB = decltype(kb)::value, kH = decltype(kh)::value;
+  // cp.async of half kH of the buffer at `base`.
+  auto issue = [&](uint32_t base, auto kh) {
+    constexpr int kH = decltype(kh)::value;
     constexpr ws::StageHalf st = L::h[kH];
-    const uint32_t base = kB == 0 ? kv_base0 : kv_base1;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int r = grp + 16 * i;
-      const bool ok = off[kB][i] >= 0;
-      const uint8_t* row = ok ? p.kv + off[kB][i] : reinterpret_cast<const uint8_t*>(p.idx);
+      const bool ok = off[i] >= 0;
+      const uint8_t* row = ok ? p.kv + off[i] : reinterpret_cast<const uint8_t*>(p.idx);
       const uint32_t dst = base + uint32_t(st.block * Cfg::kBlockBytes + r * st.bytes);
 #pragma unroll
       for (int k = c; k < st.bytes / 16; k += 8) {
@@ -212,125 +290,25 @@ __device__ __forceinline__ void ws_produce_quant(const KernelParams& p, WsConfig
                                valid ? row + 528 + 16 * c : row, valid);
       }
     }
-    ptx::cp_async_commit();
   };
-  // Dequantize half kH of buffer kB once its copies landed (kPending groups issued after it).
-  auto convert = [&](auto kb, auto kh, auto kpending) {
-    constexpr int kB = decltype(kb)::value, kH = decltype(kh)::value;
-    constexpr ws::StageHalf st = L::h[kH];
-    constexpr int kBlk0 = kH == 0 ? 0 : 4;
-    constexpr int kNb = kH == 0 ? 4 : (kRow == RowFormat::kFp8DsMla ? 4 : 5);  // ds_mla RoPE is in place
-    ptx::cp_async_wait<decltype(kpending)::value>();
-    ptx::named_sync(ws::kBarProducer, 128);
-    const uint8_t* stage = reinterpret_cast<const uint8_t*>(s.kv[kB][st.block]);
-    uint32_t lo[4][kNb], hi[4][kNb];  // raw bytes of chunk (row i, block kBlk0 + j)
-    float sc[4][kNb];                 // its scale (fp8_ds_mla tile scale, nvfp4 block scale)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const uint8_t* sr = stage + (grp + 16 * i) * st.bytes;
-#pragma unroll
-      for (int j = 0; j < kNb; ++j) {
-        const int blk = kBlk0 + j;
-        if constexpr (kRow == RowFormat::kFp8E4M3) {
-          dq::ld_u32x2(sr + (blk - kBlk0) * 64 + c * 8, lo[i][j], hi[i][j]);
-          sc[i][j] = 1.0f;
-        } else if constexpr (kRow == RowFormat::kFp8DsMla) {
-          dq::ld_u32x2(sr + (blk - kBlk0) * 64 + c * 8, lo[i][j], hi[i][j]);
-          sc[i][j] = num::bits_f32(dq::ld_u32(sr + 256 + 4 * (blk >> 1)));
-        } else {
-          if (blk < 8) {
-            const int ch = blk * 8 + c;  // latent chunk: bytes 4 ch .. 4 ch + 3 of the row
-            lo[i][j] = dq::ld_u32(sr + 4 * ch - (kH == 0 ? 0 : 128));
-            const int scale_at = num::nvfp4_scale_offset(ch >> 1);
-            hi[i][j] = sr[kH == 0 ? scale_at - 320 + 128 : scale_at - 128];  // the e4m3 block scale byte
-            sc[i][j] = 1.0f;
-          } else {
-            dq::ld_u32x2(sr + 128 + 8 * c, lo[i][j], hi[i][j]);  // RoPE, e4m3 unscaled
-            sc[i][j] = 1.0f;
-          }
-        }
-      }
-    }
-    ptx::named_sync(ws::kBarProducer, 128);  // every raw byte read before any is overwritten
-    const uint32_t base = (kB == 0 ? kv_base0 : kv_base1) + uint32_t(grp * Cfg::kAtomBytes + ((c ^ (grp & 7)) << 4));
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-#pragma unroll
-      for (int j = 0; j < kNb; ++j) {
-        const int blk = kBlk0 + j;
-        dq::Chunk v;
-        if constexpr (kRow == RowFormat::kFp8E4M3) v = dq::e4m3x8_fast(lo[i][j], hi[i][j]);
-        else if constexpr (kRow == RowFormat::kFp8DsMla) v = dq::e4m3x8_scaled_fast(lo[i][j], hi[i][j], sc[i][j]);
-        else
-          v = blk < 8 ? dq::e2m1x8_scaled_lut(lo[i][j], dq::e4m3_bf16_bits(hi[i][j])) : dq::e4m3x8_fast(lo[i][j], hi[i][j]);
-        if (blk == 8 && !rope) v = dq::Chunk{{0u, 0u, 0u, 0u}};
-        const uint32_t dst = base + uint32_t(blk * Cfg::kBlockBytes + 16 * i * Cfg::kAtomBytes);
-        asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst), "r"(v.w[0]), "r"(v.w[1]), "r"(v.w[2]),
-                     "r"(v.w[3])
-                     : "memory");
-      }
-    ptx::fence_proxy_async_smem();
-    ptx::mbar_arrive(ws_bar(s.full[kB][kH]));
-  };
-
   using I0 = std::integral_constant<int, 0>;
   using I1 = std::integral_constant<int, 1>;
-  // Halves in order: tile i's dims 0-3, then its dims 4-8, in buffer i % 2 (half q: tile q / 2).
-  // Half q is issued, then half q - 1 dequantized.
-  const int num_halves = 2 * w.num_tiles;
-  auto half_of = [](int q, int& b, int& h) { b = (q >> 1) & 1, h = q & 1; };
-  auto wait_empty = [&](int q) {
-    int b, h;
-    half_of(q, b, h);
-    ptx::mbar_wait(ws_bar(s.empty[b][h]), ((q >> 2) & 1) ^ 1);
-  };
-  auto issue_q = [&](int q) {
-    switch (q & 3) {
-      case 0: load_ids(I0{}, q >> 1); issue(I0{}, I0{}); break;
-      case 1: issue(I0{}, I1{}); break;
-      case 2: load_ids(I1{}, q >> 1); issue(I1{}, I0{}); break;
-      default: issue(I1{}, I1{}); break;
-    }
-  };
-  auto convert_q = [&](int q, bool next_issued) {
-    switch (q & 3) {
-      case 0: next_issued ? convert(I0{}, I0{}, I1{}) : convert(I0{}, I0{}, I0{}); break;
-      case 1: next_issued ? convert(I0{}, I1{}, I1{}) : convert(I0{}, I1{}, I0{}); break;
-      case 2: next_issued ? convert(I1{}, I0{}, I1{}) : convert(I1{}, I0{}, I0{}); break;
-      default: next_issued ? convert(I1{}, I1{}, I1{}) : convert(I1{}, I1{}, I0{}); break;
-    }
-  };
-  if (num_halves > 0) {
-    wait_empty(0);
-    issue_q(0);
-  }
-  for (int q = 0; q < num_halves; ++q) {
-    // Issue the next half first when its buffer is free already; never wait for it here: the
-    // consumers may need this half before they free the next one.
-    bool next_issued = false;
-    if (q + 1 < num_halves) {
-      int b, h;
-      half_of(q + 1, b, h);
-      // Lane 0 decides for its warp: the convert() instantiations have their own (aligned)
-      // bar.sync instructions, which all lanes of a warp must reach together. Warps may differ:
-      // each thread's cp.async groups and waits are its own.
-      int free_now = 0;
-      if ((wt & 31) == 0) free_now = ptx::mbar_test(ws_bar(s.empty[b][h]), (((q + 1) >> 2) & 1) ^ 1);
-      if (__shfl_sync(0xffffffffu, free_now, 0) != 0) {
-        issue_q(q + 1);
-        next_issued = true;
-      }
-    }
-    convert_q(q, next_issued);
-    if (q + 1 < num_halves && !next_issued) {
-      wait_empty(q + 1);
-      issue_q(q + 1);
-    }
+  for (int tile = 0; tile < w.num_tiles; ++tile) {
+    const int b = tile & 1;
+    const uint32_t parity = ((tile >> 1) & 1) ^ 1;
+    const uint32_t base = b ? kv_base1 : kv_base0;
+    load_ids(tile);
+    ptx::mbar_wait(ws_bar(s.empty[b][0]), parity);
+    issue(base, I0{});
+    ptx::cp_async_mbar_arrive(ws_bar(s.raw[b][0]));
+    ptx::mbar_wait(ws_bar(s.empty[b][1]), parity);
+    issue(base, I1{});
+    ptx::cp_async_mbar_arrive(ws_bar(s.raw[b][1]));
   }
 }
 
 // Consumer kWg (0: the scorer) of output dims [256 kWg, 256 kWg + 256).
-template <typename Elem, int kWg>
+template <typename Elem, RowFormat kRow, int kWg>
 __device__ __forceinline__ void ws_consume(const KernelParams& p, WsConfig::SharedStorage& s, const WsBlock& w,
                                            int wt) {
   using Cfg = WsConfig;
@@ -577,8 +555,14 @@ __device__ __forceinline__ void ws_consume(const KernelParams& p, WsConfig::Shar
       }
     }
   } else {
+    if constexpr (kRow != RowFormat::kNative16) {
+      if (n > 0) ws_convert_tile<kRow>(p, s, wt, 0);
+    }
     for (int tile = 0; tile < n; ++tile) {
       const int b = tile & 1;
+      if constexpr (kRow != RowFormat::kNative16) {
+        if (tile + 1 < n) ws_convert_tile<kRow>(p, s, wt, tile + 1);  // the scorer's next tile
+      }
       ptx::named_sync(ws::kBarP0 + b, ws::kConsumerThreads);
       ptx::mbar_arrive(ws_bar(s.empty[b][0]));  // never read here
       const float f[2] = {s.f[b][wrow + g], s.f[b][wrow + g + 8]};
@@ -678,7 +662,8 @@ __global__ void __launch_bounds__(WsConfig::kThreads, 1) sparse_mla_ws_kernel(co
   if (threadIdx.x == 0) {
     for (int b = 0; b < 2; ++b)
       for (int h = 0; h < 2; ++h) {
-        ptx::mbar_init(ws_bar(s.full[b][h]), 128);                      // every producer thread's arrival
+        ptx::mbar_init(ws_bar(s.full[b][h]), 128);  // every producer thread's (16-bit) or consumer 1 thread's arrival
+        ptx::mbar_init(ws_bar(s.raw[b][h]), 128);   // quantized: every producer thread's raw bytes landed
         ptx::mbar_init(ws_bar(s.empty[b][h]), ws::kConsumerThreads);  // every consumer thread, once per tile
       }
     ptx::fence_mbar_init();
@@ -694,10 +679,10 @@ __global__ void __launch_bounds__(WsConfig::kThreads, 1) sparse_mla_ws_kernel(co
     else ws_produce_quant<kRow>(p, s, w, wt);
   } else if (wg == 0) {
     ptx::setmaxnreg_inc<Cfg::kScorerRegs>();
-    ws_consume<Elem, 0>(p, s, w, wt);
+    ws_consume<Elem, kRow, 0>(p, s, w, wt);
   } else {
     ptx::setmaxnreg_inc<Cfg::kConsumerRegs>();
-    ws_consume<Elem, 1>(p, s, w, wt);
+    ws_consume<Elem, kRow, 1>(p, s, w, wt);
   }
 }
 
