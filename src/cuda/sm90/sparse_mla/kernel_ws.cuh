@@ -1,17 +1,20 @@
 // SM90 sparse MLA, warp-specialized wgmma kernel for 64-head groups: bf16 / fp16 caches at every H
-// (heads past H zero-padded), and the quantized formats through a dequantizing producer
-// (ws_produce_quant: the launcher routes every quantized format here by default).
+// (heads past H zero-padded), and the quantized formats (raw rows gathered by ws_produce_quant,
+// dequantized in place by consumer 1: the launcher routes every quantized format here by default).
 //
 // One block per (token, 64-head group, top-k split); 3 warpgroups (WsConfig in config.h):
 //   producer (warpgroup 2): gathers the rows of one 64-entry tile at a time with cp.async into
 //     buffer i % 2 for tile i, each buffer in two halves (dim blocks 0-3, 4-8) with a "full"
 //     mbarrier (cp.async arrivals) and an "empty" mbarrier (consumer arrivals); masked entries are
 //     zero-filled, never read. Tile i + 1 is gathered while the consumers compute tile i.
+//     Quantized formats: raw bytes into a staging area of each half, signalled on a "raw"
+//     mbarrier; consumer 1 dequantizes them in place and arrives on "full".
 //   consumer 0 (warpgroup 0, the scorer): S = Q K^T of the whole tile (64 heads x 64 entries,
 //     m64n64k16, Q and K in shared memory, Q read once per tile), masked online softmax, P (bf16)
 //     and each row's O rescale factor into shared memory (P into the tile's dim block 8, the
 //     RoPE block, which only S reads), then O[:, 0:256) += P V from registers.
-//   consumer 1 (warpgroup 1): O[:, 256:512) += P V with P and the factors from shared memory.
+//   consumer 1 (warpgroup 1): O[:, 256:512) += P V with P and the factors from shared memory;
+//     for the quantized formats it first dequantizes tile i + 1 (ws_convert_tile).
 // Release of a tile's halves (each consumer thread arrives once per half and tile): dims 0-3
 // after consumer 0's P V (consumer 1 never reads them), dims 4-8 after consumer 0's S and
 // consumer 1's P V (which also reads P there).
