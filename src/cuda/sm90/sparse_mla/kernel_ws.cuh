@@ -14,7 +14,7 @@
 //     and each row's O rescale factor into shared memory (P into the tile's dim block 8, the
 //     RoPE block, which only S reads), then O[:, 0:256) += P V from registers.
 //   consumer 1 (warpgroup 1): O[:, 256:512) += P V with P and the factors from shared memory;
-//     for the quantized formats it first dequantizes tile i + 1 (ws_convert_tile).
+//     for the quantized formats it dequantizes tile i + 1 around that product (ws_convert).
 // Release of a tile's halves (each consumer thread arrives once per half and tile): dims 0-3
 // after consumer 0's P V (consumer 1 never reads them), dims 4-8 after consumer 0's S and
 // consumer 1's P V (which also reads P there).
@@ -227,17 +227,12 @@ __device__ __forceinline__ void ws_convert_half(const KernelParams& p, WsConfig:
   ptx::mbar_arrive(ws_bar(s.full[kB][kH]));
 }
 
-// Both halves of `tile` (buffer tile % 2), dims 0-3 first.
-template <RowFormat kRow>
-__device__ __forceinline__ void ws_convert_tile(const KernelParams& p, WsConfig::SharedStorage& s, int wt, int tile) {
+// Half kH of `tile` (buffer tile % 2).
+template <RowFormat kRow, int kH>
+__device__ __forceinline__ void ws_convert(const KernelParams& p, WsConfig::SharedStorage& s, int wt, int tile) {
   const uint32_t parity = (tile >> 1) & 1;
-  if (tile & 1) {
-    ws_convert_half<kRow, 1, 0>(p, s, wt, parity);
-    ws_convert_half<kRow, 1, 1>(p, s, wt, parity);
-  } else {
-    ws_convert_half<kRow, 0, 0>(p, s, wt, parity);
-    ws_convert_half<kRow, 0, 1>(p, s, wt, parity);
-  }
+  if (tile & 1) ws_convert_half<kRow, 1, kH>(p, s, wt, parity);
+  else ws_convert_half<kRow, 0, kH>(p, s, wt, parity);
 }
 
 // Producer for the quantized formats: gathers each half's raw bytes with cp.async into its
@@ -558,13 +553,20 @@ __device__ __forceinline__ void ws_consume(const KernelParams& p, WsConfig::Shar
       }
     }
   } else {
-    if constexpr (kRow != RowFormat::kNative16) {
-      if (n > 0) ws_convert_tile<kRow>(p, s, wt, 0);
+    constexpr bool kQuant = kRow != RowFormat::kNative16;
+    if constexpr (kQuant) {
+      if (n > 0) {
+        ws_convert<kRow, 0>(p, s, wt, 0);
+        ws_convert<kRow, 1>(p, s, wt, 0);
+      }
     }
     for (int tile = 0; tile < n; ++tile) {
       const int b = tile & 1;
-      if constexpr (kRow != RowFormat::kNative16) {
-        if (tile + 1 < n) ws_convert_tile<kRow>(p, s, wt, tile + 1);  // the scorer's next tile
+      // The scorer's next tile is dequantized around this tile's P V: dims 0-3 before it (the
+      // scorer's S starts there), dims 4-8 while it runs, so this tile's buffer is released half
+      // a conversion earlier than with both halves first.
+      if constexpr (kQuant) {
+        if (tile + 1 < n) ws_convert<kRow, 0>(p, s, wt, tile + 1);
       }
       ptx::named_sync(ws::kBarP0 + b, ws::kConsumerThreads);
       ptx::mbar_arrive(ws_bar(s.empty[b][0]));  // never read here
@@ -578,6 +580,9 @@ __device__ __forceinline__ void ws_consume(const KernelParams& p, WsConfig::Shar
         ptx::wgmma_m64n256k16_tb<Elem>(acc_o, a_desc + uint32_t((kk * 32) >> 4),
                                        v_desc + uint32_t((kk * 16 * Cfg::kAtomBytes) >> 4));
       ptx::wgmma_commit();
+      if constexpr (kQuant) {
+        if (tile + 1 < n) ws_convert<kRow, 1>(p, s, wt, tile + 1);
+      }
       ptx::wgmma_wait<0>();
       ptx::fence_operands(acc_o);
       ptx::mbar_arrive(ws_bar(s.empty[b][1]));  // P V done with dims 4-7 and P
