@@ -393,19 +393,28 @@ __device__ __forceinline__ void ws_consume(const KernelParams& p, WsConfig::Shar
     }
     ptx::wgmma_commit();
   };
-  // Valid-entry bits of this thread's 16 score columns 8 j + 2 tq + u (bit 2 j + u) of a tile.
-  auto column_mask = [&](int tile) {
+  // Row ids of a tile's entries lane and lane + 32 (each warp takes the tile's 64), turned into
+  // valid bits by valid_bits once needed.
+  auto tile_ids = [&](int tile, int (&ids)[2]) {
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const int e = w.begin + tile * kBlockK + 32 * hf + lane;
+      ids[hf] = (tile < w.num_tiles && e < w.end) ? __ldg(w.idx_row + e) : -1;
+    }
+  };
+  // Valid-entry bits of this thread's 16 score columns 8 j + 2 tq + u (bit 2 j + u), from the
+  // warp's two ballots of the tile's 64 entries.
+  auto valid_bits = [&](const int (&ids)[2]) {
+    uint32_t m[2];
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) m[hf] = __ballot_sync(0xffffffffu, ids[hf] >= 0 && ids[hf] < p.num_rows);
     uint32_t bits = 0;
 #pragma unroll
-    for (int j = 0; j < 8; ++j)
+    for (int hf = 0; hf < 2; ++hf) {
+      const uint32_t v = m[hf] >> (2 * tq);  // columns 32 hf + 8 j + 2 tq + u -> bits 8 j + u
 #pragma unroll
-      for (int u = 0; u < 2; ++u) {
-        const int e = w.begin + tile * kBlockK + 8 * j + 2 * tq + u;
-        if (e < w.end) {
-          const int row = __ldg(w.idx_row + e);
-          if (row >= 0 && row < p.num_rows) bits |= 1u << (2 * j + u);
-        }
-      }
+      for (int j = 0; j < 4; ++j) bits |= ((v >> (8 * j)) & 3u) << (8 * hf + 2 * j);
+    }
     return bits;
   };
   // O *= f per row, skipped by a warp whose 16 rows all kept their max (after the first tiles,
@@ -428,47 +437,67 @@ __device__ __forceinline__ void ws_consume(const KernelParams& p, WsConfig::Shar
 
   const int n = w.num_tiles;
   if constexpr (kWg == 0) {
-    // Masked scores in the log2 domain and the tile's row maxima (quad-reduced).
+    // The tile's row maxima of the masked scores in the log2 domain (quad-reduced). With a
+    // positive scale (every real model) S stays unscaled, masked entries -inf, and the scale is
+    // applied to the max here and inside the exponent's FMA; otherwise (scale <= 0, where
+    // max(scale s) is not scale max(s)) S is scaled first.
+    const bool scale_pos = p.scale_log2 > 0.0f;
     auto mask_and_max = [&](uint32_t bits, float (&mx)[2]) {
-      mx[0] = mx[1] = -INFINITY;
-      if (__all_sync(0xffffffffu, bits == 0xffffu)) {  // every entry valid (the common case): no per-entry tests
+      if (!scale_pos) {
+#pragma unroll
+        for (int i = 0; i < 32; ++i) acc_s[i] *= p.scale_log2;
+      }
+      if (bits != 0xffffu) {  // some entry of the tile masked
 #pragma unroll
         for (int j = 0; j < 8; ++j)
 #pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            acc_s[4 * j + i] *= p.scale_log2;
-            mx[i >> 1] = fmaxf(mx[i >> 1], acc_s[4 * j + i]);
-          }
-      } else {
+          for (int i = 0; i < 4; ++i)
+            if (!((bits >> (2 * j + (i & 1))) & 1u)) acc_s[4 * j + i] = -INFINITY;
+      }
+      // Per row: a tree over the thread's 16 values, then the quad.
 #pragma unroll
-        for (int j = 0; j < 8; ++j)
+      for (int r = 0; r < 2; ++r) {
+        float t[8];
 #pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const bool ok = (bits >> (2 * j + (i & 1))) & 1u;
-            acc_s[4 * j + i] = ok ? acc_s[4 * j + i] * p.scale_log2 : -INFINITY;
-            mx[i >> 1] = fmaxf(mx[i >> 1], acc_s[4 * j + i]);
-          }
+        for (int j = 0; j < 8; ++j) t[j] = fmaxf(acc_s[4 * j + 2 * r], acc_s[4 * j + 2 * r + 1]);
+#pragma unroll
+        for (int w2 = 4; w2 >= 1; w2 >>= 1)
+#pragma unroll
+          for (int j = 0; j < w2; ++j) t[j] = fmaxf(t[j], t[j + w2]);
+        mx[r] = t[0];
       }
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
         mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+        if (scale_pos) mx[r] *= p.scale_log2;  // -inf stays -inf
       }
     };
     // P = 2^(S - ref(m)) as the A fragments of the tile's four k-steps (k-step kk: entries
     // [16 kk, 16 kk + 16) = n8 blocks 2 kk and 2 kk + 1); row sums into `sum`.
     uint32_t a_p[4][4];
     auto softmax_pack = [&](const float (&m)[2], float (&sum)[2]) {
-      float ref[2];
+      float nref[2];
 #pragma unroll
-      for (int r = 0; r < 2; ++r) ref[r] = ws::ref_of(m[r]), sum[r] = 0.0f;
+      for (int r = 0; r < 2; ++r) nref[r] = -ws::ref_of(m[r]);
+      if (scale_pos) {  // (the scale straight from the constant bank into the FMA)
 #pragma unroll
-      for (int j = 0; j < 8; ++j)
+        for (int i = 0; i < 32; ++i) acc_s[i] = ptx::fast_exp2(fmaf(acc_s[i], p.scale_log2, nref[(i >> 1) & 1]));
+      } else {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          acc_s[4 * j + i] = ptx::fast_exp2(acc_s[4 * j + i] - ref[i >> 1]);
-          sum[i >> 1] += acc_s[4 * j + i];
-        }
+        for (int i = 0; i < 32; ++i) acc_s[i] = ptx::fast_exp2(acc_s[i] + nref[(i >> 1) & 1]);
+      }
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float t[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) t[j] = acc_s[4 * j + 2 * r] + acc_s[4 * j + 2 * r + 1];
+#pragma unroll
+        for (int w2 = 4; w2 >= 1; w2 >>= 1)
+#pragma unroll
+          for (int j = 0; j < w2; ++j) t[j] += t[j + w2];
+        sum[r] = t[0];
+      }
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) {
         a_p[kk][0] = Elem::pack(acc_s[8 * kk + 0], acc_s[8 * kk + 1]);
@@ -499,9 +528,11 @@ __device__ __forceinline__ void ws_consume(const KernelParams& p, WsConfig::Shar
     // back edge makes ptxas serialize them, C7515); the next tile's S still runs behind this P V.
     uint32_t bits = 0;
     if (n > 0) {
+      int ids[2];
+      tile_ids(0, ids);
       issue_scores(0);
       if (wt == 0) ws_stamp(p, phase::kTile0Landed);
-      bits = column_mask(0);
+      bits = valid_bits(ids);
       ptx::wgmma_wait<0>();
       ptx::fence_operands(acc_s);
     }
@@ -536,12 +567,14 @@ __device__ __forceinline__ void ws_consume(const KernelParams& p, WsConfig::Shar
       ptx::named_arrive(ws::kBarP0 + b, ws::kConsumerThreads);  // P and f of this tile ready
       if (tile + 1 < n) {
         issue_scores(tile + 1);  // the next tile's S behind this P V
+        int ids[2];
+        tile_ids(tile + 1, ids);  // (its two loads behind the products)
         ptx::wgmma_wait<2>();    // P V done (the two groups of S may still run)
         ptx::fence_operands(acc_o);
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk) ptx::fence_operands(a_p[kk]);
         ptx::mbar_arrive(ws_bar(s.empty[b][0]));
-        bits = column_mask(tile + 1);
+        bits = valid_bits(ids);
         ptx::wgmma_wait<0>();
         ptx::fence_operands(acc_s);
       } else {
