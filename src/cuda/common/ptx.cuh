@@ -46,6 +46,13 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t add
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(addr));
 }
+// stmatrix: four 8x8 b16 matrices from registers in the mma fragment layout (register i holds
+// matrix i); lane i supplies the row address of matrix i / 8.
+__device__ __forceinline__ void stmatrix_x4(uint32_t addr, const uint32_t (&r)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r[0]), "r"(r[1]),
+               "r"(r[2]), "r"(r[3])
+               : "memory");
+}
 
 // ---- element tags: the 16-bit input type of the MMA (bf16 or fp16), fp32 accumulate.
 struct Bf16 {

@@ -107,8 +107,8 @@ struct WsConfig {
   static constexpr int kThreads = 3 * 128;
   // setmaxnreg per warpgroup (see the static_assert below): the scorer holds O, S and the packed
   // P; consumer 1 O and one half's raw bytes; the producer only addresses.
-  static constexpr int kScorerRegs = 240;
-  static constexpr int kConsumerRegs = 208;  // consumer 1 also dequantizes (quantized formats)
+  static constexpr int kScorerRegs = 232;
+  static constexpr int kConsumerRegs = 216;  // consumer 1 also dequantizes (quantized formats)
   static constexpr int kProducerRegs = 56;
   static constexpr int kLaunchRegs = 168;  // what ptxas allocates per thread for 384 threads (65536 / 384, rounded down to 8)
   static constexpr int kDimBlocks = kMaxDim / 64;

@@ -507,20 +507,14 @@ __device__ __forceinline__ void ws_consume(const KernelParams& p, WsConfig::Shar
       }
     };
     // The packed P -> dim block 8 of buffer b (64 x 64, K-major, swizzled), visible to wgmma.
+    // One stmatrix per k-step: matrices (rows 0-7 | 8-15 of the warp) x (n8 blocks 2 kk | 2 kk + 1)
+    // are a_p[kk][0..3]; lane l addresses row l % 8 of matrix l / 8.
     auto store_p = [&](int b) {
       const uint32_t p_addr = ptx::smem_addr(s.kv[b][8]);
+      const int row = wrow + (lane & 7) + 8 * ((lane >> 3) & 1);
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk)
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int row = wrow + g + 8 * r;
-          const uint32_t row_base = p_addr + uint32_t(row * (kBlockK * 2) + tq * 4);
-          asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(row_base + (swizzle(row, 2 * kk) << 4)), "r"(a_p[kk][r])
-                       : "memory");
-          asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(row_base + (swizzle(row, 2 * kk + 1) << 4)),
-                       "r"(a_p[kk][2 + r])
-                       : "memory");
-        }
+        ptx::stmatrix_x4(p_addr + uint32_t(row * (kBlockK * 2) + (swizzle(row, 2 * kk + (lane >> 4)) << 4)), a_p[kk]);
       ptx::fence_proxy_async_smem();
     };
 
