@@ -36,6 +36,7 @@ namespace ws {
 // kBarP0 + tile % 2: consumer 0 arrives when a tile's P and rescale factors are stored, consumer 1
 // syncs (two ids: consumer 0 may run a tile ahead).
 inline constexpr uint32_t kBarConsumers = 1, kBarP0 = 2;
+inline constexpr uint32_t kBarScorer = 4;  // the scorer's 128 threads (one path for the warpgroup)
 inline constexpr uint32_t kConsumerThreads = 256;
 // -inf-safe reference for exp2: a row with no valid entry so far keeps max -inf and reference 0.
 __device__ __forceinline__ float ref_of(float m) { return m == -INFINITY ? 0.0f : m; }
@@ -560,14 +561,32 @@ __device__ __forceinline__ void ws_consume(const KernelParams& p, WsConfig::Shar
       }
       ptx::named_arrive(ws::kBarP0 + b, ws::kConsumerThreads);  // P and f of this tile ready
       if (tile + 1 < n) {
-        issue_scores(tile + 1);  // the next tile's S behind this P V
+        // The next tile's S goes behind this P V when its rows are all there; otherwise this
+        // tile's dims 0-3 are released first (their next gather must not wait for the rows of
+        // tile + 1 to land: that would put one whole gather in series per tile). The same path
+        // in all four warps (wgmma is warpgroup-wide): the barrier ANDs their tests.
+        const int b1 = (tile + 1) & 1;
+        const uint32_t parity1 = ((tile + 1) >> 1) & 1;
+        const bool landed = ptx::named_sync_and(
+            ws::kBarScorer, 128,
+            ptx::mbar_test(ws_bar(s.full[b1][0]), parity1) && ptx::mbar_test(ws_bar(s.full[b1][1]), parity1));
+        auto release_dims_0_3 = [&] {
+          ptx::fence_operands(acc_o);
+#pragma unroll
+          for (int kk = 0; kk < 4; ++kk) ptx::fence_operands(a_p[kk]);
+          ptx::mbar_arrive(ws_bar(s.empty[b][0]));
+        };
+        if (!landed) {
+          ptx::wgmma_wait<0>();  // P V done
+          release_dims_0_3();
+        }
+        issue_scores(tile + 1);
         int ids[2];
         tile_ids(tile + 1, ids);  // (its two loads behind the products)
-        ptx::wgmma_wait<2>();    // P V done (the two groups of S may still run)
-        ptx::fence_operands(acc_o);
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk) ptx::fence_operands(a_p[kk]);
-        ptx::mbar_arrive(ws_bar(s.empty[b][0]));
+        if (landed) {
+          ptx::wgmma_wait<2>();  // P V done (the two groups of S may still run)
+          release_dims_0_3();
+        }
         bits = valid_bits(ids);
         ptx::wgmma_wait<0>();
         ptx::fence_operands(acc_s);
