@@ -17,9 +17,12 @@
 //     for the quantized formats it dequantizes tile i + 1 around that product (ws_convert).
 // Release of a tile's halves (each consumer thread arrives once per half and tile): dims 0-3
 // after consumer 0's P V (consumer 1 never reads them), dims 4-8 after consumer 0's S and
-// consumer 1's P V (which also reads P there).
+// consumer 1's P V (which also reads P there). The scorer issues the next tile's S behind its
+// P V only when that tile has landed; otherwise it releases dims 0-3 first, so that the next
+// gather into this buffer never waits for the one before it.
 // Named barriers: kBarP0 + tile % 2 (consumer 0 arrives with P stored, consumer 1 syncs),
-// kBarConsumers (Q loaded, row sums exchanged).
+// kBarConsumers (Q loaded, row sums exchanged), kBarScorer (the scorer's landed test),
+// kBarConvert (consumer 1's dequantization).
 #pragma once
 
 #include <string>
