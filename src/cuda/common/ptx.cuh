@@ -198,6 +198,16 @@ __device__ __forceinline__ void cp_async_16_zfill(uint32_t dst, const void* src,
   asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
                : "memory");
 }
+// The same with the L2 fetch size chosen per copy: 256 bytes, or 128 where the 256-byte segment
+// around `src` reaches outside the row being gathered (DRAM would read bytes nobody asked for).
+__device__ __forceinline__ void cp_async_16_zfill_l2(uint32_t dst, const void* src, bool valid, bool fetch_128) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %3, 0;\n"
+      "@p cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n"
+      "@!p cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n}\n" ::"r"(dst),
+      "l"(src), "r"(valid ? 16 : 0), "r"(int(fetch_128))
+      : "memory");
+}
 // Named barriers 1..15 over `count` threads (a multiple of 32); 0 is __syncthreads.
 __device__ __forceinline__ void named_sync(uint32_t id, uint32_t count) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
