@@ -198,8 +198,8 @@ __device__ __forceinline__ void cp_async_16_zfill(uint32_t dst, const void* src,
   asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
                : "memory");
 }
-// The same with the L2 fetch size chosen per copy: 256 bytes, or 128 where the 256-byte segment
-// around `src` reaches outside the row being gathered (DRAM would read bytes nobody asked for).
+// The same with the L2 fetch size chosen per copy: 256 bytes, or 128 where a 256-byte fetch would
+// reach past the row being gathered (DRAM would read bytes nobody asked for).
 __device__ __forceinline__ void cp_async_16_zfill_l2(uint32_t dst, const void* src, bool valid, bool fetch_128) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %3, 0;\n"

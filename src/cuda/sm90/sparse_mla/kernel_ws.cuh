@@ -99,9 +99,9 @@ __device__ __forceinline__ void ws_produce(const KernelParams& p, WsConfig::Shar
     }
   };
   // Dim blocks [kBlk0, kBlk1) of the tile's rows into the buffer at `base`. L2 fetches are 256
-  // bytes (DRAM runs faster than with 128) except for a row's first block when the row starts in
-  // the middle of a 256-byte segment and its last block when it ends in one: 1152-byte rows then
-  // cost DRAM 1152 bytes, not 1280.
+  // bytes (DRAM runs faster than with 128), except a row's last block when it starts a 256-byte
+  // segment: its fetch would pull the next 128 bytes (another row's) from DRAM too (ncu, H = 64,
+  // T = 512: DRAM reads 1.27 -> 1.21 GB, the rows' own bytes; docs/perf-notes.md, session 7).
   auto copy = [&](uint32_t base, auto kblk0, auto kblk1) {
     constexpr int kBlk0 = decltype(kblk0)::value, kBlk1 = decltype(kblk1)::value;
 #pragma unroll
@@ -109,14 +109,14 @@ __device__ __forceinline__ void ws_produce(const KernelParams& p, WsConfig::Shar
       const bool ok = off[i] >= 0;
       const uint8_t* src = ok ? p.kv + off[i] + c * 16 : reinterpret_cast<const uint8_t*>(p.idx);
       const uint32_t dst = base + dst0 + uint32_t(16 * i * Cfg::kAtomBytes);
-      const bool mid = (reinterpret_cast<uintptr_t>(src) >> 7) & 1;  // block 0 starts mid-segment
+      const uint32_t seg = uint32_t(reinterpret_cast<uintptr_t>(src) >> 7) & 1;  // block 0 in a segment's 2nd half
 #pragma unroll
       for (int blk = kBlk0; blk < kBlk1; ++blk) {
         const bool ok_blk = ok && (blk < 8 || rope);
-        const bool starts_mid = mid ^ (blk & 1);
         const bool last = blk == 8 || (blk == 7 && !rope);
+        const bool fetch_128 = last && ((seg ^ uint32_t(blk)) & 1) == 0;
         ptx::cp_async_16_zfill_l2(dst + uint32_t(blk * Cfg::kBlockBytes), ok_blk ? src + blk * 128 : src, ok_blk,
-                                  (blk == 0 && starts_mid) || (last && !starts_mid));
+                                  fetch_128);
       }
     }
   };
