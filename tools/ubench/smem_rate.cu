@@ -36,6 +36,7 @@ struct Args {
   int iters;
   bool s, pv, fill, bulk;  // bulk: the fill as one cp.async.bulk per row (rows contiguous, no swizzle)
   int pv_halves;           // P V products per tile: 4 (one 256-dim half, one warpgroup's) or 8 (both)
+  int row_bytes;           // gathered bytes per row: 1152 (bf16) or 656 (fp8_ds_mla)
   const uint8_t* pool;
   int64_t pool_rows;
   unsigned long long* out;  // per block: cycles of S, PV, fill, then %globaltimer ns of S, PV, fill
@@ -68,6 +69,20 @@ __device__ __forceinline__ void wgmma_ss<128>(float (&d)[64], uint64_t a, uint64
       : "l"(a), "l"(b));
 }
 
+// D(64 x 64) += A(64 x 32) B(32 x 64), e4m3, both K-major (the fp8 tensor-core path for S).
+__device__ __forceinline__ void wgmma_e4m3(float (&d)[32], uint64_t a, uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, "
+      "%13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, "
+      "1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
+        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(a), "l"(b));
+}
+
 __device__ __forceinline__ unsigned long long clock64_now() {
   unsigned long long c;
   asm volatile("mov.u64 %0, %%clock64;\n" : "=l"(c));
@@ -77,7 +92,40 @@ __device__ __forceinline__ unsigned long long clock64_now() {
 // S products of warpgroup 0: N = 64 issues 36 per tile (the kernel's count); N = 128 issues 18
 // (the same 64-row tile's FLOPs and half its Q bytes).
 template <int N>
+__device__ void run_s_bf16(const Args& a, Smem& s);
+
+// N = 64 / 128: bf16 products; N = 8: e4m3 m64n64k32 products (18 per tile: S over 576 dims with
+// K and Q kept as e4m3, 2 KiB of each per product like the bf16 m64n64k16).
+template <int N>
 __device__ void run_s(const Args& a, Smem& s) {
+  if constexpr (N == 8) {
+    float acc[32];
+#pragma unroll
+    for (int i = 0; i < 32; ++i) acc[i] = 0.0f;
+    const uint64_t qd = ptx::sw128_desc(ptx::smem_addr(s.q), 16, 1024);
+    const uint64_t kd = ptx::sw128_desc(ptx::smem_addr(s.kv[0]), 16, 1024);
+    for (int it = 0; it < a.iters; ++it) {
+      ptx::wgmma_fence();
+#pragma unroll
+      for (int i = 0; i < 18; ++i) {
+        const uint32_t off = uint32_t((i / 4) * (8192 >> 4) + (i % 4) * 2);
+        wgmma_e4m3(acc, qd + off, kd + off);
+      }
+      ptx::wgmma_commit();
+      ptx::wgmma_wait<0>();
+      ptx::fence_operands(acc);
+    }
+    float t = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 32; ++i) t += acc[i];
+    a.sink[blockIdx.x * blockDim.x + threadIdx.x] = t;
+  } else {
+    run_s_bf16<N>(a, s);
+  }
+}
+
+template <int N>
+__device__ void run_s_bf16(const Args& a, Smem& s) {
   float acc[N / 2];
 #pragma unroll
   for (int i = 0; i < N / 2; ++i) acc[i] = 0.0f;
@@ -142,10 +190,14 @@ __device__ void run_fill(const Args& a, Smem& s, int wt) {
       h ^= h >> 33;
       h *= 0xff51afd7ed558ccdull;
       h ^= h >> 33;
-      const uint8_t* row = a.pool + int64_t(h % uint64_t(a.pool_rows)) * 1152 + c * 16;
+      const uint8_t* row = a.pool + int64_t(h % uint64_t(a.pool_rows)) * a.row_bytes + c * 16;
       const uint32_t dst = base + uint32_t(r * 128 + ((c ^ (r & 7)) << 4));
+      if (a.row_bytes == 1152) {
 #pragma unroll
-      for (int blk = 0; blk < 9; ++blk) ptx::cp_async_16(dst + uint32_t(blk * 8192), row + blk * 128);
+        for (int blk = 0; blk < 9; ++blk) ptx::cp_async_16(dst + uint32_t(blk * 8192), row + blk * 128);
+      } else {  // 41 chunks of a 656-byte row: chunk c + 8 j, staged compactly
+        for (int j = 0; c + 8 * j < a.row_bytes / 16; ++j) ptx::cp_async_16(dst + uint32_t(j * 8192), row + j * 128);
+      }
     }
     ptx::cp_async_commit();
     ptx::cp_async_wait<0>();
@@ -220,6 +272,7 @@ struct Case {
   int n;
   bool s, pv, fill, dram, bulk;
   int pv_halves = 1;
+  int row_bytes = 1152;
 };
 
 }  // namespace
@@ -231,7 +284,7 @@ int main(int argc, char** argv) {
     std::printf("smla_ubench_smem: no CUDA device, nothing to measure\n");
     return 0;
   }
-  const int64_t dram_rows = 1 << 20, l2_rows = 8 << 20 >> 10;  // 1.2 GB, or ~8 MB (stays in L2)
+  const int64_t dram_rows = 1 << 20, l2_rows = 8 << 20 >> 10;  // 1.2 GB, or <= 9.4 MB (stays in L2)
   uint8_t* pool = nullptr;
   ck(cudaMalloc(&pool, size_t(dram_rows) * 1152), "pool");
   ck(cudaMemset(pool, 0x3f, size_t(dram_rows) * 1152), "pool fill");
@@ -241,6 +294,7 @@ int main(int argc, char** argv) {
   ck(cudaMalloc(&sink, size_t(sms) * 384 * sizeof(float)), "sink");
   ck(cudaFuncSetAttribute(smem_rate_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(sizeof(Smem))), "attr");
   ck(cudaFuncSetAttribute(smem_rate_kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(sizeof(Smem))), "attr");
+  ck(cudaFuncSetAttribute(smem_rate_kernel<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(sizeof(Smem))), "attr");
   const Case cases[] = {
       {"S n64 alone", 64, true, false, false, false},         {"S n128 alone", 128, true, false, false, false},
       {"PV alone", 64, false, true, false, false},             {"fill alone (DRAM rows)", 64, false, false, true, true},
@@ -253,14 +307,20 @@ int main(int argc, char** argv) {
       {"S n64 + 2 PV (a tile's work)", 64, true, true, false, false, false, 2},
       {"S n64 + 2 PV + fill (L2)", 64, true, true, true, false, false, 2},
       {"S n64 + 2 PV + fill (DRAM)", 64, true, true, true, true, false, 2},
+      {"S e4m3 alone", 8, true, false, false, false},
+      {"S e4m3 + 2 PV", 8, true, true, false, false, false, 2},
+      {"S e4m3 + 2 PV + fill 656 B (DRAM)", 8, true, true, true, true, false, 2, 656},
+      {"S e4m3 + 2 PV + fill 656 B (L2)", 8, true, true, true, false, false, 2, 656},
+      {"fill 656 B alone (DRAM)", 8, false, false, true, true, false, 1, 656},
   };
   std::printf("smem_rate: %d SMs, %d tiles per part, %zu B shared memory per block\n", sms, iters, sizeof(Smem));
-  std::printf("per 64-row tile: S n64 36 x 4 KiB, S n128 18 x 6 KiB, PV 4 x 10 KiB, fill 72 KiB written\n");
+  std::printf("per 64-row tile: S n64 36 x 4 KiB, S n128 18 x 6 KiB, S e4m3 18 x 4 KiB, PV 4 x 10 KiB per half, fill 64 rows\n");
   for (const Case& c : cases) {
-    Args a{iters, c.s, c.pv, c.fill, c.bulk, c.pv_halves, pool, c.dram ? dram_rows : l2_rows, out, sink};
+    Args a{iters, c.s, c.pv, c.fill, c.bulk, c.pv_halves, c.row_bytes, pool, c.dram ? dram_rows : l2_rows, out, sink};
     for (int rep = 0; rep < 2; ++rep) {  // the first launch warms up
       if (c.n == 64) smem_rate_kernel<64><<<sms, 384, sizeof(Smem)>>>(a);
-      else smem_rate_kernel<128><<<sms, 384, sizeof(Smem)>>>(a);
+      else if (c.n == 128) smem_rate_kernel<128><<<sms, 384, sizeof(Smem)>>>(a);
+      else smem_rate_kernel<8><<<sms, 384, sizeof(Smem)>>>(a);
       ck(cudaGetLastError(), "launch");
       ck(cudaDeviceSynchronize(), "run");
     }
@@ -274,8 +334,8 @@ int main(int argc, char** argv) {
       }
     const int first = c.s ? 0 : c.pv ? 1 : 2;
     const double per[3] = {cyc[0] / iters, cyc[1] / iters, cyc[2] / iters};
-    const double bytes = (c.s ? (c.n == 64 ? 36 * 4096.0 : 18 * 6144.0) : 0) + (c.pv ? 4 * 10240.0 * c.pv_halves : 0) +
-                         (c.fill ? double(kTileBytes) : 0);
+    const double bytes = (c.s ? (c.n == 64 ? 36 * 4096.0 : c.n == 128 ? 18 * 6144.0 : 18 * 4096.0) : 0) +
+                         (c.pv ? 4 * 10240.0 * c.pv_halves : 0) + (c.fill ? 64.0 * c.row_bytes : 0);
     double longest = 0;
     for (int p = 0; p < 3; ++p) longest = per[p] > longest ? per[p] : longest;
     std::printf("%-28s S %7.0f  PV %7.0f  fill %7.0f cycles/tile   clock %.2f GHz   shared %.1f B/clk\n", c.name,
