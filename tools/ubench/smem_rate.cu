@@ -37,6 +37,8 @@ struct Args {
   bool s, pv, fill, bulk;  // bulk: the fill as one cp.async.bulk per row (rows contiguous, no swizzle)
   int pv_halves;           // P V products per tile: 4 (one 256-dim half, one warpgroup's) or 8 (both)
   int row_bytes;           // gathered bytes per row: 1152 (bf16) or 656 (fp8_ds_mla)
+  int rows;                // rows per tile: 64, or 32 (S as m64n32k16, two P V k-steps)
+  int depth;               // gathered tiles in flight: 1 (the kernel's) to 3
   const uint8_t* pool;
   int64_t pool_rows;
   unsigned long long* out;  // per block: cycles of S, PV, fill, then %globaltimer ns of S, PV, fill
@@ -66,6 +68,17 @@ __device__ __forceinline__ void wgmma_ss<128>(float (&d)[64], uint64_t a, uint64
         "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
         "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),
         "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(a), "l"(b));
+}
+
+template <>
+__device__ __forceinline__ void wgmma_ss<32>(float (&d)[16], uint64_t a, uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, "
+      "%13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
       : "l"(a), "l"(b));
 }
 
@@ -131,7 +144,7 @@ __device__ void run_s_bf16(const Args& a, Smem& s) {
   for (int i = 0; i < N / 2; ++i) acc[i] = 0.0f;
   const uint64_t qd = ptx::sw128_desc(ptx::smem_addr(s.q), 16, 1024);
   const uint64_t kd = ptx::sw128_desc(ptx::smem_addr(s.kv[0]), 16, 1024);
-  constexpr int kPerTile = 36 * 64 / N;
+  constexpr int kPerTile = N == 32 ? 36 : 36 * 64 / N;  // N = 32: one 32-row tile's S
   for (int it = 0; it < a.iters; ++it) {
     ptx::wgmma_fence();
 #pragma unroll
@@ -149,7 +162,7 @@ __device__ void run_s_bf16(const Args& a, Smem& s) {
   a.sink[blockIdx.x * blockDim.x + threadIdx.x] = t;
 }
 
-template <int kHalves>
+template <int kHalves, int kKSteps>
 __device__ void run_pv(const Args& a, Smem& s) {
   float acc[128];
 #pragma unroll
@@ -159,11 +172,11 @@ __device__ void run_pv(const Args& a, Smem& s) {
   for (int it = 0; it < a.iters; ++it) {
     ptx::wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk)
+    for (int kk = 0; kk < kKSteps; ++kk)
       ptx::wgmma_m64n256k16_tb<ptx::Bf16>(acc, pd + uint32_t((kk * 32) >> 4), vd + uint32_t((kk * 16 * 128) >> 4));
     if constexpr (kHalves == 2) {  // the other 256 dims too (the kernel's two warpgroups' products)
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk)
+      for (int kk = 0; kk < kKSteps; ++kk)
         ptx::wgmma_m64n256k16_tb<ptx::Bf16>(acc, pd + uint32_t((kk * 32) >> 4),
                                            vd - uint32_t((4 * 8192) >> 4) + uint32_t((kk * 16 * 128) >> 4));
     }
@@ -183,8 +196,7 @@ __device__ void run_fill(const Args& a, Smem& s, int wt) {
   const int c = wt & 7, grp = wt >> 3;
   const uint32_t base = ptx::smem_addr(s.kv[1]);
   for (int it = 0; it < a.iters; ++it) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
+    for (int i = 0; i < a.rows / 16; ++i) {
       const int r = grp + 16 * i;
       uint64_t h = (uint64_t(blockIdx.x) * 1000003u + uint64_t(it)) * 64 + uint64_t(r);
       h ^= h >> 33;
@@ -200,8 +212,11 @@ __device__ void run_fill(const Args& a, Smem& s, int wt) {
       }
     }
     ptx::cp_async_commit();
-    ptx::cp_async_wait<0>();
+    if (a.depth >= 3) ptx::cp_async_wait<2>();  // (in-flight tiles land on the same bytes: timing only)
+    else if (a.depth == 2) ptx::cp_async_wait<1>();
+    else ptx::cp_async_wait<0>();
   }
+  ptx::cp_async_wait<0>();
 }
 
 // The same rows with one 1152-byte cp.async.bulk each (64 threads issue, completion counted in
@@ -245,8 +260,9 @@ __global__ void __launch_bounds__(384, 1) smem_rate_kernel(const __grid_constant
   const uint64_t g0 = ptx::globaltimer();
   if (wg == 0 && a.s) run_s<N>(a, s);
   if (wg == 1 && a.pv) {
-    if (a.pv_halves == 2) run_pv<2>(a, s);
-    else run_pv<1>(a, s);
+    if (a.rows == 32) run_pv<2, 2>(a, s);
+    else if (a.pv_halves == 2) run_pv<2, 4>(a, s);
+    else run_pv<1, 4>(a, s);
   }
   if (wg == 2 && a.fill) {
     if (a.bulk) run_fill_bulk(a, s, wt);
@@ -273,6 +289,7 @@ struct Case {
   bool s, pv, fill, dram, bulk;
   int pv_halves = 1;
   int row_bytes = 1152;
+  int rows = 64, depth = 1;
 };
 
 }  // namespace
@@ -295,6 +312,7 @@ int main(int argc, char** argv) {
   ck(cudaFuncSetAttribute(smem_rate_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(sizeof(Smem))), "attr");
   ck(cudaFuncSetAttribute(smem_rate_kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(sizeof(Smem))), "attr");
   ck(cudaFuncSetAttribute(smem_rate_kernel<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(sizeof(Smem))), "attr");
+  ck(cudaFuncSetAttribute(smem_rate_kernel<32>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(sizeof(Smem))), "attr");
   const Case cases[] = {
       {"S n64 alone", 64, true, false, false, false},         {"S n128 alone", 128, true, false, false, false},
       {"PV alone", 64, false, true, false, false},             {"fill alone (DRAM rows)", 64, false, false, true, true},
@@ -312,14 +330,20 @@ int main(int argc, char** argv) {
       {"S e4m3 + 2 PV + fill 656 B (DRAM)", 8, true, true, true, true, false, 2, 656},
       {"S e4m3 + 2 PV + fill 656 B (L2)", 8, true, true, true, false, false, 2, 656},
       {"fill 656 B alone (DRAM)", 8, false, false, true, true, false, 1, 656},
+      {"fill alone (DRAM), 2 tiles in flight", 64, false, false, true, true, false, 1, 1152, 64, 2},
+      {"S n64 + 2 PV + fill (DRAM), 2 in flight", 64, true, true, true, true, false, 2, 1152, 64, 2},
+      {"32-row: S n32 + 2 PV", 32, true, true, false, false, false, 2, 1152, 32, 1},
+      {"32-row: fill (DRAM), 3 in flight", 32, false, false, true, true, false, 2, 1152, 32, 3},
+      {"32-row: S n32 + 2 PV + fill (DRAM), 3 in flight", 32, true, true, true, true, false, 2, 1152, 32, 3},
   };
   std::printf("smem_rate: %d SMs, %d tiles per part, %zu B shared memory per block\n", sms, iters, sizeof(Smem));
   std::printf("per 64-row tile: S n64 36 x 4 KiB, S n128 18 x 6 KiB, S e4m3 18 x 4 KiB, PV 4 x 10 KiB per half, fill 64 rows\n");
   for (const Case& c : cases) {
-    Args a{iters, c.s, c.pv, c.fill, c.bulk, c.pv_halves, c.row_bytes, pool, c.dram ? dram_rows : l2_rows, out, sink};
+    Args a{iters, c.s, c.pv, c.fill, c.bulk, c.pv_halves, c.row_bytes, c.rows, c.depth, pool, c.dram ? dram_rows : l2_rows, out, sink};
     for (int rep = 0; rep < 2; ++rep) {  // the first launch warms up
       if (c.n == 64) smem_rate_kernel<64><<<sms, 384, sizeof(Smem)>>>(a);
       else if (c.n == 128) smem_rate_kernel<128><<<sms, 384, sizeof(Smem)>>>(a);
+      else if (c.n == 32) smem_rate_kernel<32><<<sms, 384, sizeof(Smem)>>>(a);
       else smem_rate_kernel<8><<<sms, 384, sizeof(Smem)>>>(a);
       ck(cudaGetLastError(), "launch");
       ck(cudaDeviceSynchronize(), "run");
@@ -334,12 +358,12 @@ int main(int argc, char** argv) {
       }
     const int first = c.s ? 0 : c.pv ? 1 : 2;
     const double per[3] = {cyc[0] / iters, cyc[1] / iters, cyc[2] / iters};
-    const double bytes = (c.s ? (c.n == 64 ? 36 * 4096.0 : c.n == 128 ? 18 * 6144.0 : 18 * 4096.0) : 0) +
-                         (c.pv ? 4 * 10240.0 * c.pv_halves : 0) + (c.fill ? 64.0 * c.row_bytes : 0);
+    const double bytes = (c.s ? (c.n == 64 ? 36 * 4096.0 : c.n == 128 ? 18 * 6144.0 : c.n == 32 ? 36 * 3072.0 : 18 * 4096.0) : 0) +
+                         (c.pv ? (c.rows / 16) * 10240.0 * c.pv_halves : 0) + (c.fill ? double(c.rows) * c.row_bytes : 0);
     double longest = 0;
     for (int p = 0; p < 3; ++p) longest = per[p] > longest ? per[p] : longest;
-    std::printf("%-28s S %7.0f  PV %7.0f  fill %7.0f cycles/tile   clock %.2f GHz   shared %.1f B/clk\n", c.name,
-                c.s ? per[0] : 0.0, c.pv ? per[1] : 0.0, c.fill ? per[2] : 0.0,
+    std::printf("%-44s S %7.0f  PV %7.0f  fill %7.0f cycles/tile (%d rows)   clock %.2f GHz   shared %.1f B/clk\n", c.name,
+                c.s ? per[0] : 0.0, c.pv ? per[1] : 0.0, c.fill ? per[2] : 0.0, c.rows,
                 cyc[first] / ns[first], bytes / longest);
   }
   cudaFree(sink);
