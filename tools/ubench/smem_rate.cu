@@ -102,55 +102,25 @@ __device__ __forceinline__ unsigned long long clock64_now() {
   return c;
 }
 
-// S products of warpgroup 0: N = 64 issues 36 per tile (the kernel's count); N = 128 issues 18
-// (the same 64-row tile's FLOPs and half its Q bytes).
-template <int N>
-__device__ void run_s_bf16(const Args& a, Smem& s);
-
-// N = 64 / 128: bf16 products; N = 8: e4m3 m64n64k32 products (18 per tile: S over 576 dims with
-// K and Q kept as e4m3, 2 KiB of each per product like the bf16 m64n64k16).
+// S products of warpgroup 0 per 64-row tile (N = 32: per 32-row tile): N = 64, 36 m64n64k16 (the
+// kernel's); N = 128, 18 m64n128k16 (the same FLOPs, half the Q bytes); N = 32, 36 m64n32k16; N = 8
+// stands for 18 e4m3 m64n64k32 (Q and K kept as e4m3, 2 KiB of each per product).
 template <int N>
 __device__ void run_s(const Args& a, Smem& s) {
-  if constexpr (N == 8) {
-    float acc[32];
+  constexpr int kAcc = N == 8 ? 32 : N / 2;
+  float acc[kAcc];
 #pragma unroll
-    for (int i = 0; i < 32; ++i) acc[i] = 0.0f;
-    const uint64_t qd = ptx::sw128_desc(ptx::smem_addr(s.q), 16, 1024);
-    const uint64_t kd = ptx::sw128_desc(ptx::smem_addr(s.kv[0]), 16, 1024);
-    for (int it = 0; it < a.iters; ++it) {
-      ptx::wgmma_fence();
-#pragma unroll
-      for (int i = 0; i < 18; ++i) {
-        const uint32_t off = uint32_t((i / 4) * (8192 >> 4) + (i % 4) * 2);
-        wgmma_e4m3(acc, qd + off, kd + off);
-      }
-      ptx::wgmma_commit();
-      ptx::wgmma_wait<0>();
-      ptx::fence_operands(acc);
-    }
-    float t = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 32; ++i) t += acc[i];
-    a.sink[blockIdx.x * blockDim.x + threadIdx.x] = t;
-  } else {
-    run_s_bf16<N>(a, s);
-  }
-}
-
-template <int N>
-__device__ void run_s_bf16(const Args& a, Smem& s) {
-  float acc[N / 2];
-#pragma unroll
-  for (int i = 0; i < N / 2; ++i) acc[i] = 0.0f;
+  for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
   const uint64_t qd = ptx::sw128_desc(ptx::smem_addr(s.q), 16, 1024);
   const uint64_t kd = ptx::sw128_desc(ptx::smem_addr(s.kv[0]), 16, 1024);
-  constexpr int kPerTile = N == 32 ? 36 : 36 * 64 / N;  // N = 32: one 32-row tile's S
+  constexpr int kPerTile = N == 8 ? 18 : N == 32 ? 36 : 36 * 64 / N;
   for (int it = 0; it < a.iters; ++it) {
     ptx::wgmma_fence();
 #pragma unroll
     for (int i = 0; i < kPerTile; ++i) {
       const uint32_t off = uint32_t((i / 4) * (8192 >> 4) + (i % 4) * 2);
-      wgmma_ss<N>(acc, qd + off, kd + off);
+      if constexpr (N == 8) wgmma_e4m3(acc, qd + off, kd + off);
+      else wgmma_ss<N>(acc, qd + off, kd + off);
     }
     ptx::wgmma_commit();
     ptx::wgmma_wait<0>();
@@ -158,7 +128,7 @@ __device__ void run_s_bf16(const Args& a, Smem& s) {
   }
   float t = 0.0f;
 #pragma unroll
-  for (int i = 0; i < N / 2; ++i) t += acc[i];
+  for (int i = 0; i < kAcc; ++i) t += acc[i];
   a.sink[blockIdx.x * blockDim.x + threadIdx.x] = t;
 }
 
