@@ -24,7 +24,7 @@ struct SparseMlaParams {
   int64_t q_stride_t = 0, q_stride_h = 0;
   const void* q_rope = nullptr;  // nullable: [T, H, 64] q_dtype — q given as the (latent, RoPE) pair
   int64_t q_rope_stride_t = 0, q_rope_stride_h = 0;
-  DType q_dtype = DType::kBF16;  // bf16, fp16, or e4m3 (fp8_e4m3 cache only)
+  DType q_dtype = DType::kBF16;  // bf16, fp16, or e4m3 (fp8_e4m3 and fp8_ds_mla caches)
 
   // ---- KV cache: row r starts at kv + r * kv_row_stride_bytes
   const void* kv = nullptr;

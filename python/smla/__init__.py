@@ -109,7 +109,7 @@ def sparse_mla(q, kv, idx, *, format, softmax_scale, counts=None, sink=None, q_s
                out_dtype=None, workspace=None):
     """Sparse MLA attention (DESIGN.md §1) in one call; returns ``(out, lse)``.
 
-    q: [T, H, 512 + rope_dim] bf16/fp16 (e4m3 for the fp8_e4m3 cache), or the pair
+    q: [T, H, 512 + rope_dim] bf16/fp16 (e4m3 for the fp8_e4m3 and fp8_ds_mla caches), or the pair
        (q_nope [T, H, 512], q_pe [T, H, 64]) — no concatenating copy.
     kv: the cache, [num_rows, row] or [num_blocks, block_size, row] of any element type (uint8
         bytes for quantized formats); row r = block * block_stride_rows + offset, where

@@ -165,7 +165,7 @@ DType q_dtype_of(const View& q, const DType* hint) {
     case Elem::kE4M3: d = DType::kE4M3; break;
     default:
       fail(q.name + " must be bf16 or fp16 (NumPy: uint16 bf16 bits, ml_dtypes.bfloat16 or float16), or e4m3 "
-                    "bytes for the fp8_e4m3 cache; got " + q.describe());
+                    "bytes for the fp8 caches; got " + q.describe());
   }
   SMLA_CHECK(!hint || *hint == d, q.name + " holds " + q.describe() + " but q_dtype says " +
                                       std::string(smla::to_string(*hint)));

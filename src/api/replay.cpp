@@ -124,10 +124,11 @@ st::File replay(const st::File& dump, const ReplayOptions& opt) {
   DType q_dtype;
   if (q.dtype == "BF16") q_dtype = DType::kBF16;
   else if (q.dtype == "F16") q_dtype = DType::kFP16;
-  else if (q.dtype == "F8_E4M3" && format == KvFormat::kFP8E4M3) q_dtype = DType::kE4M3;
+  else if (q.dtype == "F8_E4M3" && (format == KvFormat::kFP8E4M3 || format == KvFormat::kFP8DsMla))
+    q_dtype = DType::kE4M3;
   else if (q.dtype == "F8_E4M3")
     bad("tensor 'q' is F8_E4M3 but the format is " + std::string(to_string(format)) +
-        "; an e4m3 q needs format fp8_e4m3 (use a BF16 q)");
+        "; an e4m3 q needs format fp8_e4m3 or fp8_ds_mla (use a BF16 q)");
   else bad("tensor 'q' must be BF16, F16 or F8_E4M3; got " + describe(q));
   if (q.shape[1] < 1 || q.shape[1] > (int64_t(1) << 20) || q.shape[2] != D)
     bad("tensor 'q' must be [T, H, " + std::to_string(D) + "] with H >= 1 (rope_dim " + std::to_string(rope_dim) +

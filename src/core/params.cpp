@@ -18,8 +18,8 @@ void validate(const SparseMlaParams& p) {
   SMLA_CHECK(p.topk >= 1, "idx must be int32 [T, K] with K >= 1; got K = " + num(p.topk));
   SMLA_CHECK(p.q_dtype == DType::kBF16 || p.q_dtype == DType::kFP16 || p.q_dtype == DType::kE4M3,
              "q must be bf16, fp16 or e4m3; got " + std::string(to_string(p.q_dtype)));
-  SMLA_CHECK(p.q_dtype != DType::kE4M3 || p.format == KvFormat::kFP8E4M3,
-             "an e4m3 q needs the fp8_e4m3 cache format (with q_scale); use a bf16 q for " +
+  SMLA_CHECK(p.q_dtype != DType::kE4M3 || p.format == KvFormat::kFP8E4M3 || p.format == KvFormat::kFP8DsMla,
+             "an e4m3 q needs an fp8 cache format (fp8_e4m3 or fp8_ds_mla, with q_scale); use a bf16 q for " +
                  std::string(to_string(p.format)));
   SMLA_CHECK(p.q_dtype != DType::kFP16 || p.format == KvFormat::kFP16 || format_is_quantized(p.format),
              "an fp16 q needs an fp16 (or quantized) cache; got a bf16 cache: cast q to bf16");

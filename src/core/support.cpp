@@ -12,8 +12,8 @@ Support support_common(const Geometry& g) {
   if (g.topk < 1) return {"top-k capacity must be >= 1"};
   if (g.q_dtype != DType::kBF16 && g.q_dtype != DType::kFP16 && g.q_dtype != DType::kE4M3)
     return {"q dtype " + std::string(to_string(g.q_dtype)) + " is not supported; use bf16 or fp16"};
-  if (g.q_dtype == DType::kE4M3 && g.format != KvFormat::kFP8E4M3)
-    return {"an e4m3 q is only read with the fp8_e4m3 cache; pass a bf16 q for " +
+  if (g.q_dtype == DType::kE4M3 && g.format != KvFormat::kFP8E4M3 && g.format != KvFormat::kFP8DsMla)
+    return {"an e4m3 q is only read with the fp8 caches (fp8_e4m3, fp8_ds_mla); pass a bf16 q for " +
             std::string(to_string(g.format))};
   if (g.q_dtype == DType::kBF16 && g.format == KvFormat::kFP16)
     return {"a bf16 q with an fp16 cache is not supported; cast q to fp16 or store the cache as bf16"};
@@ -34,7 +34,7 @@ Support support_cuda(const Geometry& g, const DeviceInfo& dev, bool built_with_c
   const bool quantized = g.format != KvFormat::kBF16 && g.format != KvFormat::kFP16;
   if (quantized && g.q_dtype == DType::kFP16)
     return {"the SM90 kernel reads the " + std::string(to_string(g.format)) +
-            " cache with a bf16 q (or e4m3 for fp8_e4m3), not fp16; cast q to bf16 or use the CPU backend"};
+            " cache with a bf16 q (or e4m3 for the fp8 caches), not fp16; cast q to bf16 or use the CPU backend"};
   if (g.num_heads > kMaxNativeHeads)
     return {"H = " + std::to_string(g.num_heads) +
             " exceeds the 128 heads one call handles; call once per group of <= 128 heads"};

@@ -22,6 +22,8 @@ set(SMLA_CUDA_SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/sm90/sparse_mla/fp8_ds_mla_h32.cu
   ${CMAKE_CURRENT_LIST_DIR}/sm90/sparse_mla/fp8_ds_mla_h64.cu
   ${CMAKE_CURRENT_LIST_DIR}/sm90/sparse_mla/fp8_ds_mla_h64_ws.cu
+  ${CMAKE_CURRENT_LIST_DIR}/sm90/sparse_mla/fp8_e4m3_h64_ws8.cu  # e4m3 q: S on the fp8 tensor cores
+  ${CMAKE_CURRENT_LIST_DIR}/sm90/sparse_mla/fp8_ds_mla_h64_ws8.cu
   ${CMAKE_CURRENT_LIST_DIR}/sm90/sparse_mla/nvfp4_ds_mla_h16.cu
   ${CMAKE_CURRENT_LIST_DIR}/sm90/sparse_mla/nvfp4_ds_mla_h32.cu
   ${CMAKE_CURRENT_LIST_DIR}/sm90/sparse_mla/nvfp4_ds_mla_h64.cu

@@ -77,8 +77,10 @@ TEST(Support, CommonReasons) {
   expect_reason(smla::support_common(geo(KvFormat::kBF16, DType::kBF16, 128, 64, 0)), "top-k", "K = 0");
   expect_reason(smla::support_common(geo(KvFormat::kBF16, DType::kFP32)), "bf16", "f32 q");
   expect_reason(smla::support_common(geo(KvFormat::kBF16, DType::kI32)), "bf16", "i32 q");
-  for (KvFormat f : {KvFormat::kBF16, KvFormat::kFP16, KvFormat::kFP8DsMla, KvFormat::kNvFP4DsMla})
-    expect_reason(smla::support_common(geo(f, DType::kE4M3)), "fp8_e4m3", "e4m3 q with " + std::string(smla::to_string(f)));
+  for (KvFormat f : {KvFormat::kBF16, KvFormat::kFP16, KvFormat::kNvFP4DsMla})
+    expect_reason(smla::support_common(geo(f, DType::kE4M3)), "fp8_e4m3, fp8_ds_mla",
+                  "e4m3 q with " + std::string(smla::to_string(f)));
+  EXPECT_TRUE(smla::support_common(geo(KvFormat::kFP8DsMla, DType::kE4M3)).ok()) << "e4m3 q with fp8_ds_mla";
   expect_reason(smla::support_common(geo(KvFormat::kFP16, DType::kBF16)), "fp16", "bf16 q, fp16 cache");
   expect_reason(smla::support_common(geo(KvFormat::kBF16, DType::kFP16)), "bf16", "fp16 q, bf16 cache");
 }

@@ -193,9 +193,26 @@ void run_checked(const ProblemSpec& spec, const std::string& what) {
   const auto d = smla::testing::compare(hp, ref_out, ref_lse);
   EXPECT_EQ(d.nonfinite, 0);
   EXPECT_LE(d.rel_l2, 1e-2);
-  EXPECT_LE(d.lse_max_abs, 1e-3);
-
   const auto& p = hp.params;
+  if (smla::cuda::sparse_mla_variant(p) == "h64.ws.q8") {
+    // S on the fp8 tensor cores (SMLA_SM90_Q8=1): exact products, but the tensor core adds them
+    // with fewer bits than fp32 (docs/perf-notes.md, session 8), so the LSE gets issue #4's bar
+    // (1e-2) instead of DESIGN.md §8's 1e-3. The signed mean shows the bias of those adds.
+    double sum = 0;
+    int64_t rows = 0;
+    if (p.lse != nullptr)
+      for (int64_t t = 0; t < p.num_tokens; ++t)
+        for (int h = 0; h < p.num_heads; ++h) {
+          const double got = p.lse[t * p.lse_stride_t + h], want = ref_lse[size_t(t * p.num_heads + h)];
+          if (std::isfinite(got) && std::isfinite(want)) sum += got - want, ++rows;
+        }
+    std::printf("[ e4m3 q  ] %s: out rel L2 %.2e, LSE max abs %.2e, LSE mean signed error %+.2e\n", what.c_str(),
+                d.rel_l2, d.lse_max_abs, rows ? sum / double(rows) : 0.0);
+    EXPECT_LE(d.lse_max_abs, 1e-2);
+  } else {
+    EXPECT_LE(d.lse_max_abs, 1e-3);
+  }
+
   if (spec.out_head_pad > 0) {  // cells between heads keep their poison
     const auto* o = reinterpret_cast<const uint16_t*>(hp.out.data());
     int64_t touched = 0;
@@ -311,24 +328,56 @@ std::vector<Case> cases() {
       add(f, "T65537_H2_K16", s);
     }
   }
-  // fp8_e4m3 with an e4m3 q (q_scale folded into the score scale).
-  for (int H : {1, 16, 64, 128})
-    for (int rope : {64, 0}) {
-      auto s = base(KvFormat::kFP8E4M3, H >= 64 ? 2 : 5, H, H == 16 ? 2048 : 300);
-      s.rope_dim = rope, s.q_dtype = DType::kE4M3, s.q_scale = 0.05f, s.k_scale = 0.02f;
-      add(KvFormat::kFP8E4M3, "qe4m3_T" + std::to_string(s.num_tokens) + "_H" + std::to_string(H) + "_D" +
-                                  std::to_string(512 + rope),
-          s);
+  // The fp8 caches with an e4m3 q (q_scale folded into the score scale; the fp8 tensor-core
+  // variant of the warp-specialized kernel).
+  for (KvFormat f : {KvFormat::kFP8E4M3, KvFormat::kFP8DsMla}) {
+    auto qbase = [&](int64_t T, int H, int K, float q_scale) {
+      auto s = base(f, T, H, K);
+      s.q_dtype = DType::kE4M3, s.q_scale = q_scale;
+      if (f == KvFormat::kFP8E4M3) s.k_scale = 0.5f;  // the rows' values are N(0, k_scale^2): scores of real size
+      return s;
+    };
+    for (int H : {1, 16, 64, 128})
+      for (int rope : {64, 0}) {
+        auto s = qbase(H >= 64 ? 2 : 5, H, H == 16 ? 2048 : 300, 0.05f);
+        s.rope_dim = rope;
+        add(f, "qe4m3_T" + std::to_string(s.num_tokens) + "_H" + std::to_string(H) + "_D" + std::to_string(512 + rope),
+            s);
+      }
+    {
+      auto s = qbase(3, 128, 2048, 0.05f);  // split top-k, two head groups
+      add(f, "qe4m3_T3_H128_K2048", s);
     }
-  {
-    auto s = base(KvFormat::kFP8E4M3, 4, 48, 200);
-    s.q_dtype = DType::kE4M3, s.q_scale = 0.1f, s.q_pair = true, s.sink = true;
-    add(KvFormat::kFP8E4M3, "qe4m3_T4_H48_qpair_sink", s);
-  }
-  {
-    auto s = base(KvFormat::kFP8E4M3, 6, 20, 130);
-    s.q_dtype = DType::kE4M3, s.q_scale = 0.1f, s.q_head_pad = 3, s.out_head_pad = 5;  // byte loads of q
-    add(KvFormat::kFP8E4M3, "qe4m3_T6_H20_strides_odd", s);
+    {
+      auto s = qbase(4, 48, 200, 0.1f);
+      s.q_pair = true, s.sink = true;
+      add(f, "qe4m3_T4_H48_qpair_sink", s);
+    }
+    {
+      auto s = qbase(6, 20, 130, 0.1f);
+      s.q_head_pad = 3, s.out_head_pad = 5;  // byte loads of q
+      add(f, "qe4m3_T6_H20_strides_odd", s);
+    }
+    {
+      auto s = qbase(7, 3, 300, 0.1f);
+      s.use_counts = true, s.sink = true, s.lse_mode = LseMode::kBase2, s.all_invalid_row = true;
+      add(f, "qe4m3_T7_H3_counts_sink_lse2_all_invalid", s);
+    }
+    {
+      auto s = qbase(4, 64, 500, 0.1f);
+      s.invalid_fraction = 0.6, s.num_rows = 50;
+      add(f, "qe4m3_T4_H64_invalid_duplicates", s);
+    }
+    {
+      auto s = qbase(300, 16, 77, 0.1f);  // no split
+      s.rope_dim = 0, s.lse_mode = LseMode::kOff;
+      add(f, "qe4m3_T300_H16_K77_D512_lse_off", s);
+    }
+    {
+      auto s = qbase(65537, 2, 16, 0.1f);
+      s.num_rows = 1 << 16;
+      add(f, "qe4m3_T65537_H2_K16", s);
+    }
   }
   return v;
 }

@@ -328,7 +328,7 @@ TEST(SparseMlaSm90Edge, BadArgumentsRefused) {
 // docs/perf-notes.md v6/v7 measured; an SMLA_SM90_* switch in the environment changes it, so the
 // test says so instead of failing then.
 TEST(SparseMlaSm90Routing, DefaultVariants) {
-  for (const char* e : {"SMLA_SM90_KERNEL", "SMLA_SM90_SMALL_H", "SMLA_SM90_QUANT"})
+  for (const char* e : {"SMLA_SM90_KERNEL", "SMLA_SM90_SMALL_H", "SMLA_SM90_QUANT", "SMLA_SM90_Q8"})
     if (std::getenv(e) != nullptr) GTEST_SKIP() << e << " is set: the routing is not the default one";
   auto variant = [](KvFormat f, int H, DType q) {
     smla::SparseMlaParams p;
@@ -342,7 +342,10 @@ TEST(SparseMlaSm90Routing, DefaultVariants) {
     EXPECT_EQ(variant(KvFormat::kFP8DsMla, H, DType::kBF16), "h64.ws") << H;
     EXPECT_EQ(variant(KvFormat::kNvFP4DsMla, H, DType::kBF16), "h64.ws") << H;
   }
-  // An e4m3 q stays on the mma.sync kernel, with its head tiles.
-  EXPECT_EQ(variant(KvFormat::kFP8E4M3, 16, DType::kE4M3), "h16.mma");
-  EXPECT_EQ(variant(KvFormat::kFP8E4M3, 64, DType::kE4M3), "h64.mma");
+  // An e4m3 q: widened to bf16 on the warp-specialized kernel (the fp8 tensor-core variant is
+  // SMLA_SM90_Q8=1).
+  for (int H : {1, 16, 64, 128}) {
+    EXPECT_EQ(variant(KvFormat::kFP8E4M3, H, DType::kE4M3), "h64.ws") << H;
+    EXPECT_EQ(variant(KvFormat::kFP8DsMla, H, DType::kE4M3), "h64.ws") << H;
+  }
 }

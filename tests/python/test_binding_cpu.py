@@ -517,7 +517,7 @@ def test_support_strings():
         assert smla.support(64, 100, format=fmt, q_dtype=q_dtype, backend="cpu") == ""
     assert "use bf16 or fp16" in smla.support(16, 64, q_dtype="f32", backend="cpu")
     assert "cast q to bf16" in smla.support(16, 64, q_dtype="fp16", format="bf16", backend="cpu")
-    assert "e4m3 q is only read with the fp8_e4m3 cache" in smla.support(16, 64, q_dtype="e4m3", format="bf16",
+    assert "e4m3 q is only read with the fp8 caches" in smla.support(16, 64, q_dtype="e4m3", format="bf16",
                                                                           backend="cpu")
     assert "D = 576" in smla.support(16, 64, rope_dim=32, backend="cpu")
     cuda_reason = smla.support(16, 64, backend="cuda")

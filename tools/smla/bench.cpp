@@ -61,7 +61,8 @@ int bench_cpu(const Args& a) {
   const KvFormat fmt = parse_kv_format(a.get("format", "bf16"));
   const int reps = int(a.get_int("reps", 3));
   const bool q_e4m3 = a.get("q", "") == "e4m3";
-  SMLA_CHECK(!q_e4m3 || fmt == KvFormat::kFP8E4M3, "--q e4m3 needs --format fp8_e4m3");
+  SMLA_CHECK(!q_e4m3 || fmt == KvFormat::kFP8E4M3 || fmt == KvFormat::kFP8DsMla,
+             "--q e4m3 needs --format fp8_e4m3 or fp8_ds_mla");
   std::vector<BenchRecord> recs;
   for (long long H : Hs)
     for (long long T : Ts) {

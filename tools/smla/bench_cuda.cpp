@@ -194,7 +194,8 @@ int bench_cuda(const Args& a) {
   SMLA_CHECK(K >= 1, "--topk must be >= 1");
   const DType qt = fmt == KvFormat::kFP16 ? DType::kFP16 : DType::kBF16;  // also the output type
   const bool q_e4m3 = a.get("q", "") == "e4m3";
-  SMLA_CHECK(!q_e4m3 || fmt == KvFormat::kFP8E4M3, "--q e4m3 needs --format fp8_e4m3");
+  SMLA_CHECK(!q_e4m3 || fmt == KvFormat::kFP8E4M3 || fmt == KvFormat::kFP8DsMla,
+             "--q e4m3 needs --format fp8_e4m3 or fp8_ds_mla");
   const int rope = D - kLatentDim;
   const int rb = row_bytes(fmt, rope);
   const DeviceInfo dev = cuda::device_info(0);

@@ -30,6 +30,11 @@ std::vector<Case> cases(bool quick) {
       s.out_dtype = f == KvFormat::kFP16 ? DType::kFP16 : DType::kBF16;
     });
   }
+  for (KvFormat f : {KvFormat::kFP8E4M3, KvFormat::kFP8DsMla}) {  // an e4m3 q (the serving path of fp8 caches)
+    add("H=64 K=300 e4m3 q", [&](auto& s) {
+      s.format = f, s.num_heads = 64, s.topk = 300, s.q_dtype = DType::kE4M3, s.q_scale = 0.05f;
+    });
+  }
   add("H=3 K=77 counts sink lse2", [](auto& s) {
     s.num_heads = 3, s.topk = 77, s.use_counts = true, s.sink = true, s.lse_mode = LseMode::kBase2;
   });

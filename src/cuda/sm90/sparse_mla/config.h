@@ -1,5 +1,5 @@
-// SM90 sparse MLA (bf16 / fp16 caches, and the quantized formats dequantized to bf16 in shared
-// memory): the kernel's params struct, its compile-time constants and its shared-memory plan. No CUDA headers: the shared-memory
+// SM90 sparse MLA (bf16 / fp16 caches, the quantized formats dequantized to bf16 in shared
+// memory, and fp8 rows read by the fp8 tensor cores for an e4m3 q): the kernel's params struct, its compile-time constants and its shared-memory plan. No CUDA headers: the shared-memory
 // static_asserts hold for any compiler that includes it (host tests may too).
 #pragma once
 
@@ -128,8 +128,35 @@ struct WsConfig {
   static constexpr size_t kSmemBytes = sizeof(SharedStorage);
 };
 
+// The warp-specialized variant for an e4m3 q over fp8 rows (fp8_e4m3, fp8_ds_mla): S = Q K^T runs
+// on the fp8 tensor cores straight from the gathered bytes (m64n64k32 e4m3, K-major), so the rows
+// stay raw in two stages; consumer 1 dequantizes only V (dims 0-511) into one bf16 buffer, half
+// 0 (dims 0-255, the scorer's P V) and half 1 (dims 256-511, its own). Same registers and warp
+// roles as WsConfig.
+struct WsQ8Config {
+  static constexpr int kBlockBytes = WsConfig::kBlockBytes;  // 64 rows x 128 bytes, 128-byte swizzle
+  static constexpr int kQkBlocks = 5;  // e4m3 dims 0-127, ..., 384-511, then the RoPE block
+                                       // (fp8_e4m3: e4m3 in its first 64 bytes; fp8_ds_mla: bf16)
+  struct SharedStorage {
+    alignas(1024) uint8_t q[kQkBlocks][kBlockBytes];     // (64 heads, 576) e4m3 (+ bf16 RoPE for ds_mla)
+    alignas(1024) uint8_t k[2][kQkBlocks][kBlockBytes];  // tile i's raw rows in stage i % 2, as q
+    alignas(1024) uint16_t v[8][64 * 64];                // bf16 V of the tile being multiplied
+    alignas(1024) uint16_t p[2][64 * 64];                // [tile % 2] P (64 heads x 64 entries)
+    float ks[2][kBlockK][4];                             // fp8_ds_mla: each stage row's tile scales
+    float f[2][64];                                      // [tile % 2] each row's O rescale factor
+    float l_part[2][64];
+    float m_final[64];
+    uint64_t full[2];   // [stage] raw rows landed (128 producer threads)
+    uint64_t empty[2];  // [stage] S done (128 scorer threads) and V dequantized (128 consumer 1 threads)
+    uint64_t vfull;     // V half 0 of the next tile dequantized (consumer 1)
+    uint64_t vempty;    // the scorer's P V done with V half 0
+  };
+  static constexpr size_t kSmemBytes = sizeof(SharedStorage);
+};
+
 inline constexpr size_t kSmemLimit = 227 * 1024;  // SM90 opt-in per-block limit
 static_assert(WsConfig::kSmemBytes <= kSmemLimit, "warp-specialized variant: shared memory over 227 KiB");
+static_assert(WsQ8Config::kSmemBytes <= kSmemLimit, "warp-specialized e4m3 variant: shared memory over 227 KiB");
 static_assert(offsetof(WsConfig::SharedStorage, kv) % 1024 == 0,
               "warp-specialized operands must start on 1024-byte swizzle atoms");
 // setmaxnreg.inc only takes registers that setmaxnreg.dec gave back inside the block: the

@@ -179,7 +179,7 @@ __global__ void __launch_bounds__(Config<kMTiles>::kThreads, 1)
         ptx::st_shared_zero16(dst);
         continue;
       }
-      if constexpr (kRow == RowFormat::kFp8E4M3) {
+      if constexpr (kRow == RowFormat::kFp8E4M3 || kRow == RowFormat::kFp8DsMla) {
         if (p.q_e4m3) {  // e4m3 -> bf16 exactly; q_scale is in scale_log2
           const uint8_t* src = (ch < kLatent / 8 || p.q_rope == nullptr)
                                    ? static_cast<const uint8_t*>(p.q) + t * p.q_stride_t + h * p.q_stride_h + ch * 8

@@ -23,6 +23,13 @@
 // Named barriers: kBarP0 + tile % 2 (consumer 0 arrives with P stored, consumer 1 syncs),
 // kBarConsumers (Q loaded, row sums exchanged), kBarScorer (the scorer's landed test),
 // kBarConvert (consumer 1's dequantization).
+//
+// kQ8 (an e4m3 q over fp8_e4m3 / fp8_ds_mla rows, WsConfig's warp roles over WsQ8Config's plan):
+// the rows stay raw in two stages and S runs on the fp8 tensor cores from them (fp8_ds_mla: one
+// accumulator per 128-dim tile, added times the rows' tile scales; its bf16 RoPE in bf16);
+// consumer 1 dequantizes only V, into one bf16 buffer: half 0 of tile + 1 once the scorer's P V
+// of tile is done with it (vempty -> vfull), half 1 after its own P V; a stage is free once S
+// and both halves are done with it (empty).
 #pragma once
 
 #include <string>
@@ -316,10 +323,97 @@ __device__ __forceinline__ void ws_produce_quant(const KernelParams& p, WsConfig
   }
 }
 
-// Consumer kWg (0: the scorer) of output dims [256 kWg, 256 kWg + 256).
-template <typename Elem, RowFormat kRow, int kWg>
-__device__ __forceinline__ void ws_consume(const KernelParams& p, WsConfig::SharedStorage& s, const WsBlock& w,
-                                           int wt) {
+// ---- e4m3 q over fp8 rows (WsQ8Config): rows stay raw for the fp8 score product; only V is
+// dequantized.
+//
+// Producer: 8 threads per row as ws_produce (thread c: 16-byte chunk c of each 128-byte block),
+// rows grp + 16 i; the row's e4m3 latent into blocks 0-3 of its stage, its RoPE into block 4
+// (fp8_e4m3: 64 e4m3 bytes, chunks 0-3; fp8_ds_mla: 128 bf16 bytes) and (fp8_ds_mla) its four
+// tile scales into ks. Masked entries are zero-filled, never read.
+template <RowFormat kRow>
+__device__ __forceinline__ void ws_produce_q8(const KernelParams& p, WsQ8Config::SharedStorage& s, const WsBlock& w,
+                                              int wt) {
+  constexpr bool kDs = kRow == RowFormat::kFp8DsMla;
+  const int c = wt & 7, grp = wt >> 3;
+  const bool rope = p.k_steps > kLatent / 16;
+  int64_t off[4];
+  auto load_ids = [&](int tile) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int e = w.begin + tile * kBlockK + grp + 16 * i;
+      const int row = e < w.end ? __ldg(w.idx_row + e) : -1;
+      off[i] = (row >= 0 && row < p.num_rows) ? int64_t(row) * p.kv_row_stride_bytes : int64_t(-1);
+    }
+  };
+  if (w.num_tiles > 0) load_ids(0);
+  for (int tile = 0; tile < w.num_tiles; ++tile) {
+    const int st = tile & 1;
+    ptx::mbar_wait(ws_bar(s.empty[st]), ((tile >> 1) & 1) ^ 1);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int r = grp + 16 * i;
+      const bool ok = off[i] >= 0;
+      const uint8_t* row = ok ? p.kv + off[i] : reinterpret_cast<const uint8_t*>(p.idx);
+      const uint32_t dst = uint32_t(r * 128 + ((c ^ (r & 7)) << 4));
+#pragma unroll
+      for (int lb = 0; lb < 4; ++lb)
+        ptx::cp_async_16_zfill(ptx::smem_addr(s.k[st][lb]) + dst, ok ? row + lb * 128 + 16 * c : row, ok);
+      const int rope_at = kDs ? 528 : 512;
+      if (kDs || c < 4) {
+        const bool valid = ok && rope;
+        ptx::cp_async_16_zfill(ptx::smem_addr(s.k[st][4]) + dst, valid ? row + rope_at + 16 * c : row, valid);
+      }
+      if (kDs && c == 0) ptx::cp_async_16_zfill(ptx::smem_addr(s.ks[st][r]), ok ? row + 512 : row, ok);
+    }
+    ptx::cp_async_mbar_arrive(ws_bar(s.full[st]));
+    if (tile + 1 < w.num_tiles) load_ids(tile + 1);
+  }
+}
+
+// V half kH (dims 256 kH .. 256 kH + 255) of `tile` -> bf16 in s.v, by consumer 1's 128 threads
+// (thread wt: rows grp + 16 i, 16-byte chunk c of latent blocks 2 kH and 2 kH + 1, written as two
+// bf16 chunks). fp8_e4m3 stays unscaled (k_scale is applied to the output), fp8_ds_mla takes its
+// tile scale. Half 0 first waits for the stage's rows. Ends with the writes visible to wgmma.
+template <RowFormat kRow, int kH>
+__device__ __forceinline__ void ws_convert_v(WsQ8Config::SharedStorage& s, int wt, int tile) {
+  const int st = tile & 1;
+  if constexpr (kH == 0) ptx::mbar_wait(ws_bar(s.full[st]), (tile >> 1) & 1);
+  const int c = wt & 7, grp = wt >> 3;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int r = grp + 16 * i;
+#pragma unroll
+    for (int lb = 2 * kH; lb < 2 * kH + 2; ++lb) {
+      uint32_t x[4];
+      asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                   : "=r"(x[0]), "=r"(x[1]), "=r"(x[2]), "=r"(x[3])
+                   : "r"(ptx::smem_addr(s.k[st][lb]) + uint32_t(r * 128 + ((c ^ (r & 7)) << 4))));
+      dq::Chunk v[2];
+      if constexpr (kRow == RowFormat::kFp8DsMla) {
+        const float sc = s.ks[st][r][lb];
+        v[0] = dq::e4m3x8_scaled_fast(x[0], x[1], sc);
+        v[1] = dq::e4m3x8_scaled_fast(x[2], x[3], sc);
+      } else {
+        v[0] = dq::e4m3x8_fast(x[0], x[1]);
+        v[1] = dq::e4m3x8_fast(x[2], x[3]);
+      }
+      const uint32_t blk = ptx::smem_addr(s.v[2 * lb + (c >> 2)]) + uint32_t(r * 128);
+#pragma unroll
+      for (int u = 0; u < 2; ++u)
+        asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(blk + uint32_t(((2 * (c & 3) + u) ^ (r & 7)) << 4)),
+                     "r"(v[u].w[0]), "r"(v[u].w[1]), "r"(v[u].w[2]), "r"(v[u].w[3])
+                     : "memory");
+    }
+  }
+  ptx::fence_proxy_async_smem();
+}
+
+// Consumer kWg (0: the scorer) of output dims [256 kWg, 256 kWg + 256). kQ8: an e4m3 q over fp8
+// rows (WsQ8Config: S on the fp8 tensor cores from the raw stages, V dequantized by consumer 1).
+template <typename Elem, RowFormat kRow, int kWg, bool kQ8 = false>
+__device__ __forceinline__ void ws_consume(const KernelParams& p,
+                                           std::conditional_t<kQ8, WsQ8Config::SharedStorage, WsConfig::SharedStorage>& s,
+                                           const WsBlock& w, int wt) {
   using Cfg = WsConfig;
   const int warp = wt >> 5, lane = wt & 31;
   const int wrow = warp * 16;              // first of this warp's 16 rows (heads) in the tile
@@ -329,7 +423,49 @@ __device__ __forceinline__ void ws_consume(const KernelParams& p, WsConfig::Shar
   // Q (64 heads x 576) -> shared memory, swizzled 128-byte atoms; heads past H and (D = 512)
   // dim block 8 are zero.
   const uint32_t q_base = ptx::smem_addr(s.q);
-  if (w.num_tiles > 0) {
+  if constexpr (kQ8) {
+    if (w.num_tiles > 0) {
+      // e4m3 q: 8 elements per step; the latent as e4m3 into blocks 0-3, the RoPE into block 4 as
+      // e4m3 (fp8_e4m3) or widened to bf16 (fp8_ds_mla: its RoPE rows are bf16). q_scale is in
+      // scale_log2.
+      constexpr int kGroups = kMaxDim / 8;  // 72 per head
+      const int q_groups = 2 * p.k_steps;
+      for (int gi = tid; gi < Cfg::kHeadTile * kGroups; gi += ws::kConsumerThreads) {
+        const int hr = gi / kGroups, e = 8 * (gi - hr * kGroups);
+        const int h = w.head0 + hr;
+        uint32_t lo = 0, hi = 0;
+        if (h < p.num_heads && e < 8 * q_groups) {
+          const uint8_t* src = (e < kLatent || p.q_rope == nullptr)
+                                   ? static_cast<const uint8_t*>(p.q) + w.t * p.q_stride_t + h * p.q_stride_h + e
+                                   : static_cast<const uint8_t*>(p.q_rope) + w.t * p.q_rope_stride_t +
+                                         h * p.q_rope_stride_h + (e - kLatent);
+          if (p.q_vec16) {
+            const uint2 v = *reinterpret_cast<const uint2*>(src);
+            lo = v.x, hi = v.y;
+          } else {
+            for (int i = 0; i < 4; ++i) lo |= uint32_t(src[i]) << (8 * i), hi |= uint32_t(src[4 + i]) << (8 * i);
+          }
+        }
+        const uint32_t row = q_base + uint32_t(hr * 128);
+        if (e < kLatent) {
+          const uint32_t dst = row + uint32_t((e >> 7) * Cfg::kBlockBytes + ((((e & 127) >> 4) ^ (hr & 7)) << 4) + (e & 8));
+          asm volatile("st.shared.v2.u32 [%0], {%1, %2};\n" ::"r"(dst), "r"(lo), "r"(hi) : "memory");
+        } else if constexpr (kRow == RowFormat::kFp8DsMla) {
+          const dq::Chunk v = dq::e4m3x8_fast(lo, hi);  // exact
+          const uint32_t dst = row + uint32_t(4 * Cfg::kBlockBytes + ((((e - kLatent) >> 3) ^ (hr & 7)) << 4));
+          asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst), "r"(v.w[0]), "r"(v.w[1]), "r"(v.w[2]),
+                       "r"(v.w[3])
+                       : "memory");
+        } else {
+          const int er = e - kLatent;
+          const uint32_t dst = row + uint32_t(4 * Cfg::kBlockBytes + (((er >> 4) ^ (hr & 7)) << 4) + (er & 8));
+          asm volatile("st.shared.v2.u32 [%0], {%1, %2};\n" ::"r"(dst), "r"(lo), "r"(hi) : "memory");
+        }
+      }
+      ptx::fence_proxy_async_smem();
+      ptx::named_sync(ws::kBarConsumers, ws::kConsumerThreads);
+    }
+  } else if (w.num_tiles > 0) {
     constexpr int kChunks = 2 * kMaxDim / 16;  // 72 per head
     const int q_chunks = 2 * p.k_steps;
     for (int ci = tid; ci < Cfg::kHeadTile * kChunks; ci += ws::kConsumerThreads) {
@@ -340,6 +476,26 @@ __device__ __forceinline__ void ws_consume(const KernelParams& p, WsConfig::Shar
       if (h >= p.num_heads || ch >= q_chunks) {
         ptx::st_shared_zero16(dst);
         continue;
+      }
+      if constexpr (kRow == RowFormat::kFp8E4M3 || kRow == RowFormat::kFp8DsMla) {
+        if (p.q_e4m3) {  // e4m3 -> bf16 exactly (q_scale is in scale_log2)
+          const uint8_t* src = (ch < kLatent / 8 || p.q_rope == nullptr)
+                                   ? static_cast<const uint8_t*>(p.q) + w.t * p.q_stride_t + h * p.q_stride_h + ch * 8
+                                   : static_cast<const uint8_t*>(p.q_rope) + w.t * p.q_rope_stride_t +
+                                         h * p.q_rope_stride_h + (ch - kLatent / 8) * 8;
+          uint32_t lo = 0, hi = 0;
+          if (p.q_vec16) {
+            const uint2 v = *reinterpret_cast<const uint2*>(src);
+            lo = v.x, hi = v.y;
+          } else {
+            for (int i = 0; i < 4; ++i) lo |= uint32_t(src[i]) << (8 * i), hi |= uint32_t(src[4 + i]) << (8 * i);
+          }
+          const dq::Chunk c = dq::e4m3x8_fast(lo, hi);
+          asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst), "r"(c.w[0]), "r"(c.w[1]), "r"(c.w[2]),
+                       "r"(c.w[3])
+                       : "memory");
+          continue;
+        }
       }
       const uint16_t* src = (ch < kLatent / 8 || p.q_rope == nullptr)
                                 ? static_cast<const uint16_t*>(p.q) + w.t * p.q_stride_t + h * p.q_stride_h + ch * 8
@@ -378,31 +534,106 @@ __device__ __forceinline__ void ws_consume(const KernelParams& p, WsConfig::Shar
   // S (64 heads x 64 entries) = Q K^T over the 9 dim blocks of buffer b (dims 0-3 as soon as
   // they land, then 4-8), two commit groups.
   auto issue_scores = [&](int tile) {
-    const int b = tile & 1;
-    const uint32_t parity = (tile >> 1) & 1;
-    const uint64_t q_desc = ptx::sw128_desc(q_base, 16, 1024);
-    const uint64_t k_desc = ptx::sw128_desc(ptx::smem_addr(s.kv[b]), 16, 1024);
-    ptx::mbar_wait(ws_bar(s.full[b][0]), parity);
-    ptx::wgmma_fence();
+    if constexpr (!kQ8) {
+      const int b = tile & 1;
+      const uint32_t parity = (tile >> 1) & 1;
+      const uint64_t q_desc = ptx::sw128_desc(q_base, 16, 1024);
+      const uint64_t k_desc = ptx::sw128_desc(ptx::smem_addr(s.kv[b]), 16, 1024);
+      ptx::mbar_wait(ws_bar(s.full[b][0]), parity);
+      ptx::wgmma_fence();
 #pragma unroll
-    for (int blk = 0; blk < 4; ++blk) {
-      const uint32_t off = uint32_t(blk * (Cfg::kBlockBytes >> 4));
+      for (int blk = 0; blk < 4; ++blk) {
+        const uint32_t off = uint32_t(blk * (Cfg::kBlockBytes >> 4));
 #pragma unroll
-      for (int a = 0; a < 4; ++a)
-        ptx::wgmma_m64n64k16<Elem>(acc_s, q_desc + off + uint32_t(a * 2), k_desc + off + uint32_t(a * 2),
-                                   (blk == 0 && a == 0) ? 0 : 1);
+        for (int a = 0; a < 4; ++a)
+          ptx::wgmma_m64n64k16<Elem>(acc_s, q_desc + off + uint32_t(a * 2), k_desc + off + uint32_t(a * 2),
+                                     (blk == 0 && a == 0) ? 0 : 1);
+      }
+      ptx::wgmma_commit();  // (a commit group per half: no spin loop inside a group, or ptxas serializes)
+      ptx::mbar_wait(ws_bar(s.full[b][1]), parity);
+      ptx::wgmma_fence();
+#pragma unroll
+      for (int blk = 4; blk < 9; ++blk) {
+        const uint32_t off = uint32_t(blk * (Cfg::kBlockBytes >> 4));
+#pragma unroll
+        for (int a = 0; a < 4; ++a)
+          ptx::wgmma_m64n64k16<Elem>(acc_s, q_desc + off + uint32_t(a * 2), k_desc + off + uint32_t(a * 2), 1);
+      }
+      ptx::wgmma_commit();
     }
-    ptx::wgmma_commit();  // (a commit group per half: no spin loop inside a group, or ptxas serializes)
-    ptx::mbar_wait(ws_bar(s.full[b][1]), parity);
-    ptx::wgmma_fence();
+  };
+  // kQ8: S of stage tile % 2 on the fp8 tensor cores (m64n64k32 e4m3). fp8_e4m3: one group over
+  // the 576 dims. fp8_ds_mla: each 128-dim tile's product goes to its own accumulator and is added
+  // times the rows' tile scales (acc_s for tile 0, then t_acc), the bf16 RoPE product last
+  // (m64n64k16, Q's RoPE widened exactly). `pv_pending`: a P V group was committed before; it is
+  // done when `release` runs. Returns with at most the last group in flight.
+  auto issue_scores_q8 = [&](int tile, bool pv_pending, auto&& release) {
+    if constexpr (kQ8) {
+      const int b = tile & 1;
+      const uint64_t q_desc = ptx::sw128_desc(q_base, 16, 1024);
+      const uint64_t k_desc = ptx::sw128_desc(ptx::smem_addr(s.k[b]), 16, 1024);
+      constexpr uint32_t kBlk = uint32_t(Cfg::kBlockBytes >> 4);
+      ptx::mbar_wait(ws_bar(s.full[b]), (tile >> 1) & 1);
+      ptx::wgmma_fence();
+      if constexpr (kRow == RowFormat::kFp8E4M3) {
 #pragma unroll
-    for (int blk = 4; blk < 9; ++blk) {
-      const uint32_t off = uint32_t(blk * (Cfg::kBlockBytes >> 4));
+        for (int blk = 0; blk < 4; ++blk)
 #pragma unroll
-      for (int a = 0; a < 4; ++a)
-        ptx::wgmma_m64n64k16<Elem>(acc_s, q_desc + off + uint32_t(a * 2), k_desc + off + uint32_t(a * 2), 1);
+          for (int a = 0; a < 4; ++a)
+            ptx::wgmma_m64n64k32_e4m3(acc_s, q_desc + blk * kBlk + uint32_t(a * 2), k_desc + blk * kBlk + uint32_t(a * 2),
+                                      (blk == 0 && a == 0) ? 0 : 1);
+#pragma unroll
+        for (int a = 0; a < 2; ++a)  // (D = 512: Q's and K's RoPE blocks are zero)
+          ptx::wgmma_m64n64k32_e4m3(acc_s, q_desc + 4 * kBlk + uint32_t(a * 2), k_desc + 4 * kBlk + uint32_t(a * 2));
+        ptx::wgmma_commit();
+        if (pv_pending) {
+          ptx::wgmma_wait<1>();
+          release();
+        }
+      } else {
+        float t_acc[32];
+        auto tile_product = [&](float (&d)[32], int blk) {
+#pragma unroll
+          for (int a = 0; a < 4; ++a)
+            ptx::wgmma_m64n64k32_e4m3(d, q_desc + blk * kBlk + uint32_t(a * 2), k_desc + blk * kBlk + uint32_t(a * 2),
+                                      a == 0 ? 0 : 1);
+          ptx::wgmma_commit();
+        };
+        // acc_s (+)= t_acc times the tile scales of its columns 8 j + 2 tq + u.
+        auto add_scaled = [&](const float (&d)[32], int blk, bool first) {
+#pragma unroll
+          for (int i = 0; i < 32; ++i) {
+            const float sc = s.ks[b][8 * (i >> 2) + 2 * tq + (i & 1)][blk];
+            acc_s[i] = first ? d[i] * sc : fmaf(d[i], sc, acc_s[i]);
+          }
+        };
+        tile_product(acc_s, 0);
+        if (pv_pending) {  // P's registers free before t_acc is needed
+          ptx::wgmma_wait<1>();
+          release();
+        }
+        ptx::wgmma_fence();
+        tile_product(t_acc, 1);
+        ptx::wgmma_wait<1>();
+        ptx::fence_operands(acc_s);
+        add_scaled(acc_s, 0, true);
+#pragma unroll
+        for (int blk = 1; blk < 4; ++blk) {
+          ptx::wgmma_wait<0>();
+          ptx::fence_operands(t_acc);
+          add_scaled(t_acc, blk, false);
+          if (blk < 3) {
+            ptx::wgmma_fence();
+            tile_product(t_acc, blk + 1);
+          }
+        }
+        ptx::wgmma_fence();
+#pragma unroll
+        for (int a = 0; a < 4; ++a)  // (D = 512: Q's and K's RoPE blocks are zero)
+          ptx::wgmma_m64n64k16<Elem>(acc_s, q_desc + 4 * kBlk + uint32_t(a * 2), k_desc + 4 * kBlk + uint32_t(a * 2));
+        ptx::wgmma_commit();
+      }
     }
-    ptx::wgmma_commit();
   };
   // Row ids of a tile's entries lane and lane + 32 (each warp takes the tile's 64), turned into
   // valid bits by valid_bits once needed.
@@ -443,7 +674,14 @@ __device__ __forceinline__ void ws_consume(const KernelParams& p, WsConfig::Shar
   // P V over a tile's 64 rows for this warpgroup's 256 dims (one commit group): V = dim blocks
   // [4 kWg, 4 kWg + 4) of buffer b; k-step kk covers rows [16 kk, 16 kk + 16).
   auto v_desc_of = [&](int b) {
-    return ptx::sw128_desc(ptx::smem_addr(s.kv[b]) + uint32_t(kWg * 4 * Cfg::kBlockBytes), Cfg::kBlockBytes, 1024);
+    uint32_t v_base;
+    if constexpr (kQ8) v_base = ptx::smem_addr(s.v);  // one V buffer
+    else v_base = ptx::smem_addr(s.kv[b]);
+    return ptx::sw128_desc(v_base + uint32_t(kWg * 4 * Cfg::kBlockBytes), Cfg::kBlockBytes, 1024);
+  };
+  auto p_addr_of = [&](int b) {
+    if constexpr (kQ8) return ptx::smem_addr(s.p[b]);
+    else return ptx::smem_addr(s.kv[b][8]);
   };
 
   const int n = w.num_tiles;
@@ -521,7 +759,7 @@ __device__ __forceinline__ void ws_consume(const KernelParams& p, WsConfig::Shar
     // One stmatrix per k-step: matrices (rows 0-7 | 8-15 of the warp) x (n8 blocks 2 kk | 2 kk + 1)
     // are a_p[kk][0..3]; lane l addresses row l % 8 of matrix l / 8.
     auto store_p = [&](int b) {
-      const uint32_t p_addr = ptx::smem_addr(s.kv[b][8]);
+      const uint32_t p_addr = p_addr_of(b);
       const int row = wrow + (lane & 7) + 8 * ((lane >> 3) & 1);
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk)
@@ -535,7 +773,8 @@ __device__ __forceinline__ void ws_consume(const KernelParams& p, WsConfig::Shar
     if (n > 0) {
       int ids[2];
       tile_ids(0, ids);
-      issue_scores(0);
+      if constexpr (kQ8) issue_scores_q8(0, false, [] {});
+      else issue_scores(0);
       if (wt == 0) ws_stamp(p, phase::kTile0Landed);
       bits = valid_bits(ids);
       ptx::wgmma_wait<0>();
@@ -543,7 +782,8 @@ __device__ __forceinline__ void ws_consume(const KernelParams& p, WsConfig::Shar
     }
     for (int tile = 0; tile < n; ++tile) {
       const int b = tile & 1;
-      ptx::mbar_arrive(ws_bar(s.empty[b][1]));  // S is done with dims 4-8 (consumer 1's P V releases them)
+      if constexpr (kQ8) ptx::mbar_arrive(ws_bar(s.empty[b]));  // S is done with the stage (and its scales)
+      else ptx::mbar_arrive(ws_bar(s.empty[b][1]));  // S is done with dims 4-8 (consumer 1's P V releases them)
       float mx[2], f[2], sum[2];
       mask_and_max(bits, mx);
 #pragma unroll
@@ -556,6 +796,10 @@ __device__ __forceinline__ void ws_consume(const KernelParams& p, WsConfig::Shar
 #pragma unroll
       for (int r = 0; r < 2; ++r) l_run[r] = l_run[r] * f[r] + sum[r];
       scale_o(f);
+      // kQ8: V half 0 dequantized. (It also orders this tile's P and f stores below after
+      // consumer 1's P V of tile - 1, which read the same P buffer: consumer 1 dequantized this
+      // tile's V after that product finished.)
+      if constexpr (kQ8) ptx::mbar_wait(ws_bar(s.vfull), tile & 1);
       {  // own P V first: P's stores for consumer 1 then run behind it
         const uint64_t v_desc = v_desc_of(b);
         ptx::wgmma_fence();
@@ -570,42 +814,92 @@ __device__ __forceinline__ void ws_consume(const KernelParams& p, WsConfig::Shar
         s.f[b][wrow + g + 8] = f[1];
       }
       ptx::named_arrive(ws::kBarP0 + b, ws::kConsumerThreads);  // P and f of this tile ready
-      if (tile + 1 < n) {
-        // The next tile's S goes behind this P V when its rows are all there; otherwise this
-        // tile's dims 0-3 are released first (their next gather must not wait for the rows of
-        // tile + 1 to land: that would put one whole gather in series per tile). The same path
-        // in all four warps (wgmma is warpgroup-wide): the barrier ANDs their tests.
-        const int b1 = (tile + 1) & 1;
-        const uint32_t parity1 = ((tile + 1) >> 1) & 1;
-        const bool landed = ptx::named_sync_and(
-            ws::kBarScorer, 128,
-            ptx::mbar_test(ws_bar(s.full[b1][0]), parity1) && ptx::mbar_test(ws_bar(s.full[b1][1]), parity1));
-        auto release_dims_0_3 = [&] {
+      if (kQ8 && tile + 1 < n) {
+        // The next tile's S behind this P V (the stage is not the V buffer: no landed test).
+        issue_scores_q8(tile + 1, true, [&] {
           ptx::fence_operands(acc_o);
 #pragma unroll
           for (int kk = 0; kk < 4; ++kk) ptx::fence_operands(a_p[kk]);
-          ptx::mbar_arrive(ws_bar(s.empty[b][0]));
-        };
-        if (!landed) {
-          ptx::wgmma_wait<0>();  // P V done
-          release_dims_0_3();
-        }
-        issue_scores(tile + 1);
+          if constexpr (kQ8) ptx::mbar_arrive(ws_bar(s.vempty));
+        });
         int ids[2];
-        tile_ids(tile + 1, ids);  // (its two loads behind the products)
-        if (landed) {
-          ptx::wgmma_wait<2>();  // P V done (the two groups of S may still run)
-          release_dims_0_3();
-        }
+        tile_ids(tile + 1, ids);
         bits = valid_bits(ids);
         ptx::wgmma_wait<0>();
         ptx::fence_operands(acc_s);
+      } else if (tile + 1 < n) {
+        if constexpr (!kQ8) {
+          // The next tile's S goes behind this P V when its rows are all there; otherwise this
+          // tile's dims 0-3 are released first (their next gather must not wait for the rows of
+          // tile + 1 to land: that would put one whole gather in series per tile). The same path
+          // in all four warps (wgmma is warpgroup-wide): the barrier ANDs their tests.
+          const int b1 = (tile + 1) & 1;
+          const uint32_t parity1 = ((tile + 1) >> 1) & 1;
+          const bool landed = ptx::named_sync_and(
+              ws::kBarScorer, 128,
+              ptx::mbar_test(ws_bar(s.full[b1][0]), parity1) && ptx::mbar_test(ws_bar(s.full[b1][1]), parity1));
+          auto release_dims_0_3 = [&] {
+            ptx::fence_operands(acc_o);
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk) ptx::fence_operands(a_p[kk]);
+            ptx::mbar_arrive(ws_bar(s.empty[b][0]));
+          };
+          if (!landed) {
+            ptx::wgmma_wait<0>();  // P V done
+            release_dims_0_3();
+          }
+          issue_scores(tile + 1);
+          int ids[2];
+          tile_ids(tile + 1, ids);  // (its two loads behind the products)
+          if (landed) {
+            ptx::wgmma_wait<2>();  // P V done (the two groups of S may still run)
+            release_dims_0_3();
+          }
+          bits = valid_bits(ids);
+          ptx::wgmma_wait<0>();
+          ptx::fence_operands(acc_s);
+        }
       } else {
         ptx::wgmma_wait<0>();
         ptx::fence_operands(acc_o);
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk) ptx::fence_operands(a_p[kk]);
-        ptx::mbar_arrive(ws_bar(s.empty[b][0]));
+        if constexpr (kQ8) ptx::mbar_arrive(ws_bar(s.vempty));
+        else ptx::mbar_arrive(ws_bar(s.empty[b][0]));
+      }
+    }
+  } else if constexpr (kQ8) {
+    // V of tile + 1 is dequantized around this tile's P V: half 0 once the scorer's P V of this
+    // tile is done with it (vempty), half 1 after this warpgroup's own; then the stage is free.
+    if (n > 0) {
+      ws_convert_v<kRow, 0>(s, wt, 0);
+      ptx::mbar_arrive(ws_bar(s.vfull));
+      ws_convert_v<kRow, 1>(s, wt, 0);
+      ptx::mbar_arrive(ws_bar(s.empty[0]));
+    }
+    for (int tile = 0; tile < n; ++tile) {
+      const int b = tile & 1;
+      ptx::named_sync(ws::kBarP0 + b, ws::kConsumerThreads);  // (also: every thread's V half 1 written)
+      const float f[2] = {s.f[b][wrow + g], s.f[b][wrow + g + 8]};
+      scale_o(f);
+      const uint64_t v_desc = v_desc_of(b);
+      const uint64_t a_desc = ptx::sw128_desc(p_addr_of(b), 16, 1024);
+      ptx::wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk)
+        ptx::wgmma_m64n256k16_tb<Elem>(acc_o, a_desc + uint32_t((kk * 32) >> 4),
+                                       v_desc + uint32_t((kk * 16 * Cfg::kAtomBytes) >> 4));
+      ptx::wgmma_commit();
+      if (tile + 1 < n) {
+        ptx::mbar_wait(ws_bar(s.vempty), tile & 1);
+        ws_convert_v<kRow, 0>(s, wt, tile + 1);
+        ptx::mbar_arrive(ws_bar(s.vfull));
+      }
+      ptx::wgmma_wait<0>();
+      ptx::fence_operands(acc_o);
+      if (tile + 1 < n) {
+        ws_convert_v<kRow, 1>(s, wt, tile + 1);
+        ptx::mbar_arrive(ws_bar(s.empty[(tile + 1) & 1]));
       }
     }
   } else {
@@ -704,11 +998,12 @@ __device__ __forceinline__ void ws_consume(const KernelParams& p, WsConfig::Shar
   if (kWg == 0 && wt == 0) ws_stamp(p, phase::kStored);
 }
 
-template <typename Elem, RowFormat kRow>
+template <typename Elem, RowFormat kRow, bool kQ8>
 __global__ void __launch_bounds__(WsConfig::kThreads, 1) sparse_mla_ws_kernel(const __grid_constant__ KernelParams p) {
   using Cfg = WsConfig;
+  using Smem = std::conditional_t<kQ8, WsQ8Config::SharedStorage, WsConfig::SharedStorage>;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
-  auto& s = *reinterpret_cast<Cfg::SharedStorage*>(smem_raw);
+  auto& s = *reinterpret_cast<Smem*>(smem_raw);
 
   WsBlock w;
   w.t = blockIdx.x / p.head_groups;
@@ -724,12 +1019,21 @@ __global__ void __launch_bounds__(WsConfig::kThreads, 1) sparse_mla_ws_kernel(co
   w.idx_row = p.idx + w.t * p.idx_stride_t;
 
   if (threadIdx.x == 0) {
-    for (int b = 0; b < 2; ++b)
-      for (int h = 0; h < 2; ++h) {
-        ptx::mbar_init(ws_bar(s.full[b][h]), 128);  // every producer thread's (16-bit) or consumer 1 thread's arrival
-        ptx::mbar_init(ws_bar(s.raw[b][h]), 128);   // quantized: every producer thread's raw bytes landed
-        ptx::mbar_init(ws_bar(s.empty[b][h]), ws::kConsumerThreads);  // every consumer thread, once per tile
+    if constexpr (kQ8) {
+      for (int b = 0; b < 2; ++b) {
+        ptx::mbar_init(ws_bar(s.full[b]), 128);                    // every producer thread's copies
+        ptx::mbar_init(ws_bar(s.empty[b]), ws::kConsumerThreads);  // scorer after S, consumer 1 after V
       }
+      ptx::mbar_init(ws_bar(s.vfull), 128);   // consumer 1, once per tile
+      ptx::mbar_init(ws_bar(s.vempty), 128);  // the scorer, once per tile
+    } else {
+      for (int b = 0; b < 2; ++b)
+        for (int h = 0; h < 2; ++h) {
+          ptx::mbar_init(ws_bar(s.full[b][h]), 128);  // every producer thread's (16-bit) or consumer 1 thread's arrival
+          ptx::mbar_init(ws_bar(s.raw[b][h]), 128);   // quantized: every producer thread's raw bytes landed
+          ptx::mbar_init(ws_bar(s.empty[b][h]), ws::kConsumerThreads);  // every consumer thread, once per tile
+        }
+    }
     ptx::fence_mbar_init();
   }
   if (threadIdx.x == 0) ws_stamp(p, phase::kEntry);
@@ -739,29 +1043,32 @@ __global__ void __launch_bounds__(WsConfig::kThreads, 1) sparse_mla_ws_kernel(co
   const int wg = threadIdx.x / 128, wt = threadIdx.x % 128;
   if (wg == 2) {
     ptx::setmaxnreg_dec<Cfg::kProducerRegs>();
-    if constexpr (kRow == RowFormat::kNative16) ws_produce(p, s, w, wt);
+    if constexpr (kQ8) ws_produce_q8<kRow>(p, s, w, wt);
+    else if constexpr (kRow == RowFormat::kNative16) ws_produce(p, s, w, wt);
     else ws_produce_quant<kRow>(p, s, w, wt);
   } else if (wg == 0) {
     ptx::setmaxnreg_inc<Cfg::kScorerRegs>();
-    ws_consume<Elem, kRow, 0>(p, s, w, wt);
+    ws_consume<Elem, kRow, 0, kQ8>(p, s, w, wt);
   } else {
     ptx::setmaxnreg_inc<Cfg::kConsumerRegs>();
-    ws_consume<Elem, kRow, 1>(p, s, w, wt);
+    ws_consume<Elem, kRow, 1, kQ8>(p, s, w, wt);
   }
 }
 
-template <typename Elem, RowFormat kRow>
+template <typename Elem, RowFormat kRow, bool kQ8>
 void launch_ws(const KernelParams& p, cudaStream_t stream) {
-  using Cfg = WsConfig;
-  auto* kernel = sparse_mla_ws_kernel<Elem, kRow>;
+  using Cfg = WsConfig;  // threads and registers; shared memory from the variant's own plan
+  constexpr size_t kSmemBytes = kQ8 ? WsQ8Config::kSmemBytes : WsConfig::kSmemBytes;
+  static_assert(!kQ8 || kRow == RowFormat::kFp8E4M3 || kRow == RowFormat::kFp8DsMla, "an e4m3 q reads fp8 rows only");
+  auto* kernel = sparse_mla_ws_kernel<Elem, kRow, kQ8>;
   static std::atomic<uint64_t> attribute_set{0};
   int dev = 0;
   SMLA_CHECK(cudaGetDevice(&dev) == cudaSuccess, "cudaGetDevice failed");
   const uint64_t bit = uint64_t(1) << (dev & 63);
   if (!(attribute_set.load(std::memory_order_acquire) & bit)) {
-    const cudaError_t ea = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Cfg::kSmemBytes));
+    const cudaError_t ea = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemBytes));
     SMLA_CHECK(ea == cudaSuccess, std::string("cannot raise the sparse MLA kernel's shared memory to ") +
-                                      std::to_string(Cfg::kSmemBytes) + " bytes: " + cudaGetErrorString(ea));
+                                      std::to_string(kSmemBytes) + " bytes: " + cudaGetErrorString(ea));
     // The setmaxnreg budget (config.h) assumes this allocation; another one would make the
     // consumers wait forever for registers, so refuse to launch instead.
     cudaFuncAttributes attr{};
@@ -773,7 +1080,7 @@ void launch_ws(const KernelParams& p, cudaStream_t stream) {
     attribute_set.fetch_or(bit, std::memory_order_release);
   }
   const dim3 grid(unsigned(p.num_tokens * p.head_groups), 1, unsigned(p.num_splits));
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
+  kernel<<<grid, Cfg::kThreads, kSmemBytes, stream>>>(p);
 }
 
 }  // namespace smla::cuda::sm90::sparse_mla
