@@ -474,23 +474,26 @@ TEST(Reference, OutDtypes) {
 }
 
 TEST(Reference, E4M3QueryWithQScale) {
-  auto s = f32_spec();
-  s.format = KvFormat::kFP8E4M3;
-  s.q_dtype = DType::kE4M3;
-  s.q_scale = 0.5f;
-  s.k_scale = 0.25f;
-  s.sink = true;
-  auto hp = smla::testing::make_problem(s, 71);
-  smla::reference::sparse_mla(hp.params, 1);
-  expect_matches_direct(hp, 1e-6, "e4m3 q");
-  // the same problem with q_scale folded into softmax_scale
-  auto folded = hp;
-  folded.bind();
-  folded.params.q_scale = 1.0f;
-  folded.params.softmax_scale = s.softmax_scale * 0.5f;  // exact: power of two
-  std::fill(folded.out.begin(), folded.out.end(), 0xff);
-  smla::reference::sparse_mla(folded.params, 1);
-  EXPECT_EQ(folded.out, hp.out);
+  for (KvFormat f : {KvFormat::kFP8E4M3, KvFormat::kFP8DsMla}) {
+    SCOPED_TRACE(smla::to_string(f));
+    auto s = f32_spec();
+    s.format = f;
+    s.q_dtype = DType::kE4M3;
+    s.q_scale = 0.5f;
+    if (f == KvFormat::kFP8E4M3) s.k_scale = 0.25f;
+    s.sink = true;
+    auto hp = smla::testing::make_problem(s, 71);
+    smla::reference::sparse_mla(hp.params, 1);
+    expect_matches_direct(hp, 1e-6, "e4m3 q");
+    // the same problem with q_scale folded into softmax_scale
+    auto folded = hp;
+    folded.bind();
+    folded.params.q_scale = 1.0f;
+    folded.params.softmax_scale = s.softmax_scale * 0.5f;  // exact: power of two
+    std::fill(folded.out.begin(), folded.out.end(), 0xff);
+    smla::reference::sparse_mla(folded.params, 1);
+    EXPECT_EQ(folded.out, hp.out);
+  }
 }
 
 TEST(Reference, ThreadsAreBitIdentical) {

@@ -133,6 +133,13 @@ TEST(Replay, E4M3QueryWithScales) {
   check_replay(s, 22, DType::kBF16);
 }
 
+TEST(Replay, E4M3QueryOnDsMlaCache) {
+  auto s = small(KvFormat::kFP8DsMla);
+  s.q_dtype = DType::kE4M3;
+  s.q_scale = 0.05f;
+  check_replay(s, 23, DType::kFP32);
+}
+
 TEST(Replay, Fp16QueryOnQuantizedCache) {
   auto s = small(KvFormat::kNvFP4DsMla);
   s.q_dtype = DType::kFP16;

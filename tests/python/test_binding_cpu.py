@@ -194,13 +194,15 @@ def test_paged_cache_with_block_stride_larger_than_block():
     assert rel_l2(out, want_out) < 1e-5 and lse_diff(lse, want_lse) < 1e-4
 
 
-def test_fp8_e4m3_q_with_q_scale():
+@pytest.mark.parametrize("fmt", ["fp8_e4m3", "fp8_ds_mla"])
+def test_e4m3_q_with_q_scale(fmt):
     rng = np.random.default_rng(7)
-    T, H, K, N, q_scale, k_scale = 3, 4, 25, 40, 0.05, 0.2
-    cache, rows, _, _ = make_cache(rng, "fp8_e4m3", N, k_scale=k_scale)
+    T, H, K, N, q_scale = 3, 4, 25, 40, 0.05
+    k_scale = 0.2 if fmt == "fp8_e4m3" else 1.0
+    cache, rows, _, _ = make_cache(rng, fmt, N, k_scale=k_scale)
     q8 = ref.e4m3_encode(rng.standard_normal((T, H, 576)) * 20)
     idx = random_idx(rng, T, K, len(rows))
-    out, lse = smla.sparse_mla(q8, cache, idx, format="fp8_e4m3", softmax_scale=DS_SCALE, q_scale=q_scale,
+    out, lse = smla.sparse_mla(q8, cache, idx, format=fmt, softmax_scale=DS_SCALE, q_scale=q_scale,
                                k_scale=k_scale, out_dtype="f32")
     want_out, want_lse = ref.sparse_mla(ref.e4m3_decode(q8), rows, idx, DS_SCALE, q_scale=q_scale)
     assert rel_l2(out, want_out) < 1e-5 and lse_diff(lse, want_lse) < 1e-4
