@@ -11,15 +11,9 @@ namespace smla {
 
 int row_bytes(KvFormat format, int rope_dim) {
   SMLA_CHECK(rope_dim == 0 || rope_dim == kRopeDim, "rope_dim must be 64 or 0");
-  const int d = kLatentDim + rope_dim;
-  switch (format) {
-    case KvFormat::kBF16:
-    case KvFormat::kFP16: return 2 * d;
-    case KvFormat::kFP8E4M3: return d;
-    case KvFormat::kFP8DsMla: return 656;
-    case KvFormat::kNvFP4DsMla: return 352;
-  }
-  fail("unknown KV format");
+  const RowLayout l = row_layout(format);
+  SMLA_CHECK(l.bytes > 0, "unknown KV format");
+  return rope_dim == 0 ? l.bytes_no_rope : l.bytes;
 }
 
 bool format_is_quantized(KvFormat format) {
