@@ -49,7 +49,11 @@ constexpr RowLayout row_layout(KvFormat format) {
 }
 
 // Byte offset of nvfp4_ds_mla's block scale s (0..31) in its row: the scales are stored permuted.
-constexpr int nvfp4_scale_offset(int s) { return row_layout(KvFormat::kNvFP4DsMla).scale_offset + 8 * (s & 3) + (s >> 2); }
+// (smla::num::nvfp4_scale_offset, the host/device spelling the kernels use, forwards here.)
+constexpr int nvfp4_scale_offset(int s) {
+  constexpr int kBase = row_layout(KvFormat::kNvFP4DsMla).scale_offset;  // folded at compile time
+  return kBase + 8 * (s & 3) + (s >> 2);
+}
 
 // The table agrees with itself: scales and RoPE fit behind the latent, RoPE ends the row.
 static_assert(row_layout(KvFormat::kFP8DsMla).scale_offset + 4 * 4 == row_layout(KvFormat::kFP8DsMla).rope_offset);

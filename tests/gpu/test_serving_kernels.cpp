@@ -58,7 +58,7 @@ TEST_P(CacheWriter, BitIdenticalToCpuEncoder) {
     const int kind = int(n % 5);
     for (int d = 0; d < 512; ++d) {
       float v = normal(rng);
-      if (kind == 1 && d < 128) v = 0.0f;             // an all-zero tile / blocks
+      if (kind == 1 && d < row_layout(KvFormat::kFP8DsMla).tile_width) v = 0.0f;  // an all-zero tile / blocks
       if (kind == 2) v *= 3000.0f;                    // past e4m3's range before scaling
       if (kind == 3) v *= 1e-6f;                      // tiny values, subnormal scales
       if (kind == 4 && d % 37 == 0) v = 60000.0f;     // one large outlier per block
