@@ -12,10 +12,12 @@
 
 #include "smla/formats.h"
 
+#ifndef SMLA_HD  // also defined, identically, by smla/formats.h
 #if defined(__CUDACC__)
 #define SMLA_HD __host__ __device__ __forceinline__
 #else
 #define SMLA_HD inline
+#endif
 #endif
 
 namespace smla::num {

@@ -67,11 +67,12 @@ void encode_row(KvFormat format, int rope_dim, const float* latent, const float*
     case KvFormat::kFP8DsMla: {
       constexpr RowLayout l = row_layout(KvFormat::kFP8DsMla);
       for (int tile = 0; tile < l.num_scales; ++tile) {
+        const int begin = l.tile_width * tile, end = begin + l.tile_width;
         float amax = 0.0f;
-        for (int i = l.tile_width * tile; i < l.tile_width * (tile + 1); ++i) amax = std::max(amax, std::fabs(latent[i]));
+        for (int i = begin; i < end; ++i) amax = std::max(amax, std::fabs(latent[i]));
         const float s = num::ds_mla_tile_scale(amax);
         std::memcpy(row + l.scale_offset + l.scale_bytes * tile, &s, sizeof s);
-        for (int i = l.tile_width * tile; i < l.tile_width * (tile + 1); ++i) row[i] = num::f32_to_e4m3(latent[i] / s);
+        for (int i = begin; i < end; ++i) row[i] = num::f32_to_e4m3(latent[i] / s);
       }
       for (int i = 0; i < rope_dim; ++i) put_u16(row + l.rope_offset + 2 * i, num::f32_to_bf16(rope[i]));
       return;
@@ -79,12 +80,13 @@ void encode_row(KvFormat format, int rope_dim, const float* latent, const float*
     case KvFormat::kNvFP4DsMla: {
       constexpr RowLayout l = row_layout(KvFormat::kNvFP4DsMla);
       for (int blk = 0; blk < l.num_scales; ++blk) {
+        const int begin = l.tile_width * blk, end = begin + l.tile_width;
         float amax = 0.0f;
-        for (int i = l.tile_width * blk; i < l.tile_width * (blk + 1); ++i) amax = std::max(amax, std::fabs(latent[i]));
+        for (int i = begin; i < end; ++i) amax = std::max(amax, std::fabs(latent[i]));
         const uint8_t sb = num::nvfp4_block_scale(amax);
         row[nvfp4_scale_offset(blk)] = sb;
         const float sf = num::e4m3_to_f32(sb);
-        for (int i = l.tile_width * blk; i < l.tile_width * (blk + 1); i += 2) {
+        for (int i = begin; i < end; i += 2) {
           const uint8_t lo = num::f32_to_e2m1(latent[i] / sf);
           const uint8_t hi = num::f32_to_e2m1(latent[i + 1] / sf);
           row[i / 2] = uint8_t(lo | (hi << 4));
@@ -113,7 +115,8 @@ void decode_row(KvFormat format, int rope_dim, const uint8_t* row, float k_scale
       for (int tile = 0; tile < l.num_scales; ++tile) {
         float s;
         std::memcpy(&s, row + l.scale_offset + l.scale_bytes * tile, sizeof s);
-        for (int i = l.tile_width * tile; i < l.tile_width * (tile + 1); ++i) out[i] = num::e4m3_to_f32(row[i]) * s;
+        const int begin = l.tile_width * tile, end = begin + l.tile_width;
+        for (int i = begin; i < end; ++i) out[i] = num::e4m3_to_f32(row[i]) * s;
       }
       for (int i = 0; i < rope_dim; ++i) out[kLatentDim + i] = num::bf16_to_f32(get_u16(row + l.rope_offset + 2 * i));
       return;
@@ -122,7 +125,8 @@ void decode_row(KvFormat format, int rope_dim, const uint8_t* row, float k_scale
       constexpr RowLayout l = row_layout(KvFormat::kNvFP4DsMla);
       for (int blk = 0; blk < l.num_scales; ++blk) {
         const float sf = num::e4m3_to_f32(row[nvfp4_scale_offset(blk)]);
-        for (int i = l.tile_width * blk; i < l.tile_width * (blk + 1); ++i) {
+        const int begin = l.tile_width * blk, end = begin + l.tile_width;
+        for (int i = begin; i < end; ++i) {
           const uint8_t byte = row[i / 2];
           out[i] = num::e2m1_to_f32((i & 1) ? uint8_t(byte >> 4) : uint8_t(byte & 0xf)) * sf;
         }

@@ -426,7 +426,8 @@ TEST(SparseMlaQuantReport, ErrorAgainstBf16Cache) {
     const int64_t R = s.num_rows;
     std::vector<float> vals(size_t(R) * 576);
     const int rb16 = smla::row_bytes(KvFormat::kBF16, 64);
-    for (int64_t r = 0; r < R; ++r) smla::decode_row(KvFormat::kBF16, 64, bf.kv.data() + r * rb16, 1.0f, vals.data() + r * 576);
+    for (int64_t r = 0; r < R; ++r)
+      smla::decode_row(KvFormat::kBF16, 64, bf.kv.data() + r * rb16, 1.0f, vals.data() + r * 576);
     float amax = 0;
     for (float x : vals) amax = std::max(amax, std::fabs(x));
     for (KvFormat f : {KvFormat::kFP8E4M3, KvFormat::kFP8DsMla, KvFormat::kNvFP4DsMla}) {
