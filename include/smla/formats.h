@@ -48,8 +48,19 @@ constexpr RowLayout row_layout(KvFormat format) {
   return {};
 }
 
+#ifndef SMLA_HD  // host and device under nvcc (as in smla/numeric.h)
+#if defined(__CUDACC__)
+#define SMLA_HD __host__ __device__ __forceinline__
+#else
+#define SMLA_HD inline
+#endif
+#endif
+
 // Byte offset of nvfp4_ds_mla's block scale s (0..31) in its row: the scales are stored permuted.
-constexpr int nvfp4_scale_offset(int s) { return row_layout(KvFormat::kNvFP4DsMla).scale_offset + 8 * (s & 3) + (s >> 2); }
+// Host and device (smla::num::nvfp4_scale_offset forwards here); the base is a constexpr variable,
+// so device code needs no relaxed-constexpr flag to call it.
+inline constexpr int kNvFp4ScaleOffset = row_layout(KvFormat::kNvFP4DsMla).scale_offset;
+SMLA_HD constexpr int nvfp4_scale_offset(int s) { return kNvFp4ScaleOffset + 8 * (s & 3) + (s >> 2); }
 
 // The table agrees with itself: scales and RoPE fit behind the latent, RoPE ends the row.
 static_assert(row_layout(KvFormat::kFP8DsMla).scale_offset + 4 * 4 == row_layout(KvFormat::kFP8DsMla).rope_offset);

@@ -10,10 +10,14 @@
 #include <cstdint>
 #include <cstring>
 
+#include "smla/formats.h"
+
+#ifndef SMLA_HD  // also defined, identically, by smla/formats.h
 #if defined(__CUDACC__)
 #define SMLA_HD __host__ __device__ __forceinline__
 #else
 #define SMLA_HD inline
+#endif
 #endif
 
 namespace smla::num {
@@ -151,6 +155,6 @@ SMLA_HD uint8_t nvfp4_block_scale(float amax) {
 }
 
 // Byte offset of the e4m3 scale of 16-element latent block s (0..31) in an nvfp4_ds_mla row.
-SMLA_HD int nvfp4_scale_offset(int s) { return 320 + 8 * (s & 3) + (s >> 2); }
+SMLA_HD int nvfp4_scale_offset(int s) { return smla::nvfp4_scale_offset(s); }  // smla/formats.h
 
 }  // namespace smla::num

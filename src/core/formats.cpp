@@ -22,6 +22,22 @@ bool format_is_quantized(KvFormat format) {
 
 namespace {
 
+// What the straight loops below assume of the table: 16- and 8-bit formats store every value in
+// order from byte 0 (latent, then RoPE); the ds_mla formats' latent starts the row, packed
+// value-after-value, with one scale per tile_width values.
+constexpr bool dense(KvFormat f, int bits) {
+  const RowLayout l = row_layout(f);
+  return l.latent_bits == bits && l.latent_bytes == kLatentDim * bits / 8 && l.rope_offset == l.latent_bytes &&
+         l.num_scales == 0 && l.bytes == l.rope_offset + kRopeDim * bits / 8;
+}
+static_assert(dense(KvFormat::kBF16, 16) && dense(KvFormat::kFP16, 16) && dense(KvFormat::kFP8E4M3, 8));
+constexpr bool tiled(KvFormat f, int bits, int scale_bytes) {
+  const RowLayout l = row_layout(f);
+  return l.latent_bits == bits && l.latent_bytes == kLatentDim * bits / 8 && l.scale_bytes == scale_bytes &&
+         l.num_scales * l.tile_width == kLatentDim;
+}
+static_assert(tiled(KvFormat::kFP8DsMla, 8, sizeof(float)) && tiled(KvFormat::kNvFP4DsMla, 4, 1));
+
 void put_u16(uint8_t* p, uint16_t v) { std::memcpy(p, &v, 2); }
 uint16_t get_u16(const uint8_t* p) {
   uint16_t v;
@@ -48,31 +64,37 @@ void encode_row(KvFormat format, int rope_dim, const float* latent, const float*
       SMLA_CHECK(std::isfinite(k_scale) && k_scale > 0, "k_scale must be finite and > 0");
       for (int i = 0; i < d; ++i) row[i] = num::f32_to_e4m3(value(i) / k_scale);
       return;
-    case KvFormat::kFP8DsMla:
-      for (int tile = 0; tile < 4; ++tile) {
+    case KvFormat::kFP8DsMla: {
+      constexpr RowLayout l = row_layout(KvFormat::kFP8DsMla);
+      for (int tile = 0; tile < l.num_scales; ++tile) {
+        const int begin = l.tile_width * tile, end = begin + l.tile_width;
         float amax = 0.0f;
-        for (int i = 128 * tile; i < 128 * (tile + 1); ++i) amax = std::max(amax, std::fabs(latent[i]));
+        for (int i = begin; i < end; ++i) amax = std::max(amax, std::fabs(latent[i]));
         const float s = num::ds_mla_tile_scale(amax);
-        std::memcpy(row + 512 + 4 * tile, &s, 4);
-        for (int i = 128 * tile; i < 128 * (tile + 1); ++i) row[i] = num::f32_to_e4m3(latent[i] / s);
+        std::memcpy(row + l.scale_offset + l.scale_bytes * tile, &s, sizeof s);
+        for (int i = begin; i < end; ++i) row[i] = num::f32_to_e4m3(latent[i] / s);
       }
-      for (int i = 0; i < rope_dim; ++i) put_u16(row + 528 + 2 * i, num::f32_to_bf16(rope[i]));
+      for (int i = 0; i < rope_dim; ++i) put_u16(row + l.rope_offset + 2 * i, num::f32_to_bf16(rope[i]));
       return;
-    case KvFormat::kNvFP4DsMla:
-      for (int blk = 0; blk < 32; ++blk) {
+    }
+    case KvFormat::kNvFP4DsMla: {
+      constexpr RowLayout l = row_layout(KvFormat::kNvFP4DsMla);
+      for (int blk = 0; blk < l.num_scales; ++blk) {
+        const int begin = l.tile_width * blk, end = begin + l.tile_width;
         float amax = 0.0f;
-        for (int i = 16 * blk; i < 16 * (blk + 1); ++i) amax = std::max(amax, std::fabs(latent[i]));
+        for (int i = begin; i < end; ++i) amax = std::max(amax, std::fabs(latent[i]));
         const uint8_t sb = num::nvfp4_block_scale(amax);
-        row[num::nvfp4_scale_offset(blk)] = sb;
+        row[nvfp4_scale_offset(blk)] = sb;
         const float sf = num::e4m3_to_f32(sb);
-        for (int i = 16 * blk; i < 16 * (blk + 1); i += 2) {
+        for (int i = begin; i < end; i += 2) {
           const uint8_t lo = num::f32_to_e2m1(latent[i] / sf);
           const uint8_t hi = num::f32_to_e2m1(latent[i + 1] / sf);
           row[i / 2] = uint8_t(lo | (hi << 4));
         }
       }
-      for (int i = 0; i < rope_dim; ++i) row[256 + i] = num::f32_to_e4m3(rope[i]);
+      for (int i = 0; i < rope_dim; ++i) row[l.rope_offset + i] = num::f32_to_e4m3(rope[i]);
       return;
+    }
   }
 }
 
@@ -88,24 +110,30 @@ void decode_row(KvFormat format, int rope_dim, const uint8_t* row, float k_scale
     case KvFormat::kFP8E4M3:
       for (int i = 0; i < d; ++i) out[i] = num::e4m3_to_f32(row[i]) * k_scale;
       return;
-    case KvFormat::kFP8DsMla:
-      for (int tile = 0; tile < 4; ++tile) {
+    case KvFormat::kFP8DsMla: {
+      constexpr RowLayout l = row_layout(KvFormat::kFP8DsMla);
+      for (int tile = 0; tile < l.num_scales; ++tile) {
         float s;
-        std::memcpy(&s, row + 512 + 4 * tile, 4);
-        for (int i = 128 * tile; i < 128 * (tile + 1); ++i) out[i] = num::e4m3_to_f32(row[i]) * s;
+        std::memcpy(&s, row + l.scale_offset + l.scale_bytes * tile, sizeof s);
+        const int begin = l.tile_width * tile, end = begin + l.tile_width;
+        for (int i = begin; i < end; ++i) out[i] = num::e4m3_to_f32(row[i]) * s;
       }
-      for (int i = 0; i < rope_dim; ++i) out[512 + i] = num::bf16_to_f32(get_u16(row + 528 + 2 * i));
+      for (int i = 0; i < rope_dim; ++i) out[kLatentDim + i] = num::bf16_to_f32(get_u16(row + l.rope_offset + 2 * i));
       return;
-    case KvFormat::kNvFP4DsMla:
-      for (int blk = 0; blk < 32; ++blk) {
-        const float sf = num::e4m3_to_f32(row[num::nvfp4_scale_offset(blk)]);
-        for (int i = 16 * blk; i < 16 * (blk + 1); ++i) {
+    }
+    case KvFormat::kNvFP4DsMla: {
+      constexpr RowLayout l = row_layout(KvFormat::kNvFP4DsMla);
+      for (int blk = 0; blk < l.num_scales; ++blk) {
+        const float sf = num::e4m3_to_f32(row[nvfp4_scale_offset(blk)]);
+        const int begin = l.tile_width * blk, end = begin + l.tile_width;
+        for (int i = begin; i < end; ++i) {
           const uint8_t byte = row[i / 2];
           out[i] = num::e2m1_to_f32((i & 1) ? uint8_t(byte >> 4) : uint8_t(byte & 0xf)) * sf;
         }
       }
-      for (int i = 0; i < rope_dim; ++i) out[512 + i] = num::e4m3_to_f32(row[256 + i]);
+      for (int i = 0; i < rope_dim; ++i) out[kLatentDim + i] = num::e4m3_to_f32(row[l.rope_offset + i]);
       return;
+    }
   }
   fail("unknown KV format");
 }

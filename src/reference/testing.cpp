@@ -27,10 +27,11 @@ void poison_row(KvFormat format, uint8_t* row, int nbytes) {
     case KvFormat::kFP16: std::memset(row, 0xff, size_t(nbytes)); break;  // 0xffff: NaN in both
     case KvFormat::kFP8E4M3: std::memset(row, 0x7f, size_t(nbytes)); break;
     case KvFormat::kFP8DsMla: {
+      constexpr RowLayout l = row_layout(KvFormat::kFP8DsMla);
       std::memset(row, 0x7f, size_t(nbytes));
       const float nan = NAN;
-      for (int i = 0; i < 4; ++i) std::memcpy(row + 512 + 4 * i, &nan, 4);
-      std::memset(row + 528, 0xff, 128);
+      for (int i = 0; i < l.num_scales; ++i) std::memcpy(row + l.scale_offset + l.scale_bytes * i, &nan, sizeof nan);
+      std::memset(row + l.rope_offset, 0xff, size_t(l.bytes - l.rope_offset));  // bf16 0xffff: NaN
       break;
     }
     case KvFormat::kNvFP4DsMla: std::memset(row, 0x7f, size_t(nbytes)); break;  // scales 0x7f = NaN

@@ -49,8 +49,8 @@ TEST(CacheWriter, WritesEncodedRowsAndSkips) {
 TEST(CacheWriter, RefusesBadArguments) {
   CacheWriteParams p;
   p.num_tokens = 1, p.num_rows = 4, p.row_stride_bytes = 100, p.format = KvFormat::kBF16;
-  EXPECT_THROW(validate(p), Error);  // stride below 1152
-  p.row_stride_bytes = 1152, p.src_dtype = DType::kFP32;
+  EXPECT_THROW(validate(p), Error);  // stride below a bf16 row
+  p.row_stride_bytes = row_bytes(KvFormat::kBF16, 64), p.src_dtype = DType::kFP32;
   EXPECT_THROW(validate(p), Error);
 }
 

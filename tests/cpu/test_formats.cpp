@@ -1,6 +1,7 @@
 // Row codecs (smla/formats.h) against the byte layouts of DESIGN.md §3: hand-computed bytes of
 // small rows, decoders on hand-made bytes, round-trip error bounds derived from each format's
-// precision, saturation, and the rope_dim = 0 variants.
+// precision, saturation, and the rope_dim = 0 variants; and the row-layout table (row_layout)
+// held to §3 part by part, with the codecs and the cache writer reading and writing at its offsets.
 #include <gtest/gtest.h>
 
 #include <cfloat>
@@ -10,9 +11,12 @@
 #include <random>
 #include <vector>
 
+#include "smla/cache.h"
 #include "smla/formats.h"
+#include "smla/numeric.h"
 
 using smla::KvFormat;
+using smla::kRopeDim;
 
 namespace {
 
@@ -407,4 +411,240 @@ TEST(Formats, RopeDimZeroVariants) {
     for (int i = 0; i < 512; ++i) ASSERT_EQ(out[size_t(i)], full[size_t(i)]);
     for (int i = 512; i < 576; ++i) ASSERT_EQ(out[size_t(i)], 12345.0f);
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The row-layout table (smla::row_layout) held to DESIGN.md §3. Everything expected below is
+// written from the text of §3, not from the code: the parts of each row, then the bytes the
+// writer conventions give for inputs whose codes are exact.
+
+namespace {
+
+using smla::DType;
+
+struct Part {
+  int begin, end;  // [begin, end) bytes from the row's start; begin == end: none
+  int size() const { return end - begin; }
+};
+struct DesignRow {
+  KvFormat format;
+  int bytes, bytes_no_rope;
+  Part latent;       // the 512 latent values
+  DType latent_dtype;
+  Part scales;       // per-row scales
+  int num_scales, scale_bytes, values_per_scale;
+  Part rope;         // the 64 RoPE values
+  DType rope_dtype;
+};
+
+// DESIGN.md §3, table "KV row formats (byte-exact)".
+const DesignRow kDesign[] = {
+    // bf16 / fp16: 1152 (1024 no-rope); [0,1024) 512 latent values, [1024,1152) 64 RoPE values
+    {KvFormat::kBF16, 1152, 1024, {0, 1024}, DType::kBF16, {0, 0}, 0, 0, 0, {1024, 1152}, DType::kBF16},
+    {KvFormat::kFP16, 1152, 1024, {0, 1024}, DType::kFP16, {0, 0}, 0, 0, 0, {1024, 1152}, DType::kFP16},
+    // fp8_e4m3: 576 (512); e4m3 of x / k_scale for all values
+    {KvFormat::kFP8E4M3, 576, 512, {0, 512}, DType::kE4M3, {0, 0}, 0, 0, 0, {512, 576}, DType::kE4M3},
+    // fp8_ds_mla: 656; [0,512) e4m3 latent, tile i = dims 128i..128i+127; [512,528) 4 fp32 s_i;
+    // [528,656) 64 bf16 RoPE
+    {KvFormat::kFP8DsMla, 656, 656, {0, 512}, DType::kE4M3, {512, 528}, 4, 4, 128, {528, 656}, DType::kBF16},
+    // nvfp4_ds_mla: 352; [0,256) e2m1 two per byte; [256,320) 64 e4m3 RoPE; [320,352) 32 e4m3
+    // scales, one per 16 latent values
+    {KvFormat::kNvFP4DsMla, 352, 352, {0, 256}, DType::kU8, {320, 352}, 32, 1, 16, {256, 320}, DType::kE4M3},
+};
+
+// §3: the scale of nvfp4 block s sits at byte 320 + 8*(s&3) + (s>>2).
+int design_nvfp4_scale_at(int s) { return 320 + 8 * (s & 3) + (s >> 2); }
+
+int stored_bytes(DType t) { return t == DType::kBF16 || t == DType::kFP16 ? 2 : 1; }
+
+// Inputs whose encodings are exact, so §3's conventions give the bytes by hand (k_scale 2 for
+// fp8_e4m3). Even elements positive, odd ones negative, so a swapped pair or nibble shows.
+constexpr float kKScale = 2.0f;
+float e4m3_code_value(int c) { return float(e4m3_value(c)); }
+float latent_input(KvFormat f, int i) {
+  const bool even = i % 2 == 0;
+  switch (f) {
+    case KvFormat::kFP8DsMla: {  // tile t = i / 128: amax 28 * 4^t -> s_t = 2^(2t-4); x / s = 448 or -224
+      const float unit = std::ldexp(1.0f, 2 * (i / 128) - 4);
+      return even ? 448.0f * unit : -224.0f * unit;
+    }
+    case KvFormat::kNvFP4DsMla: {  // block b = i / 16: sf_b = e4m3 code 0x28 + b; x / sf = 6 or -1.5
+      const float sf = e4m3_code_value(0x28 + i / 16);
+      return even ? 6.0f * sf : -1.5f * sf;
+    }
+    default: return even ? 1.0f : -2.0f;
+  }
+}
+float rope_input(int j) { return j % 2 == 0 ? 0.5f : -0.5f; }
+
+// The row DESIGN.md §3 prescribes for those inputs, built at kDesign's offsets.
+std::vector<uint8_t> design_row(const DesignRow& d, int rope_dim) {
+  std::vector<uint8_t> row(size_t(rope_dim ? d.bytes : d.bytes_no_rope), 0);
+  auto put16 = [&](int off, uint32_t v) {
+    row[size_t(off)] = uint8_t(v), row[size_t(off + 1)] = uint8_t(v >> 8);
+  };
+  auto put32 = [&](int off, uint32_t v) {
+    for (int k = 0; k < 4; ++k) row[size_t(off + k)] = uint8_t(v >> (8 * k));
+  };
+  const int rope = rope_dim ? 64 : 0;
+  switch (d.format) {
+    case KvFormat::kBF16:  // 1.0 = 0x3f80, -2.0 = 0xc000, 0.5 = 0x3f00, -0.5 = 0xbf00
+      for (int i = 0; i < 512; ++i) put16(d.latent.begin + 2 * i, i % 2 ? 0xc000 : 0x3f80);
+      for (int j = 0; j < rope; ++j) put16(d.rope.begin + 2 * j, j % 2 ? 0xbf00 : 0x3f00);
+      break;
+    case KvFormat::kFP16:  // 1.0 = 0x3c00, -2.0 = 0xc000, 0.5 = 0x3800, -0.5 = 0xb800
+      for (int i = 0; i < 512; ++i) put16(d.latent.begin + 2 * i, i % 2 ? 0xc000 : 0x3c00);
+      for (int j = 0; j < rope; ++j) put16(d.rope.begin + 2 * j, j % 2 ? 0xb800 : 0x3800);
+      break;
+    case KvFormat::kFP8E4M3:  // / k_scale 2: 0.5 = 0x30, -1 = 0xb8, 0.25 = 0x28, -0.25 = 0xa8
+      for (int i = 0; i < 512; ++i) row[size_t(d.latent.begin + i)] = i % 2 ? 0xb8 : 0x30;
+      for (int j = 0; j < rope; ++j) row[size_t(d.rope.begin + j)] = j % 2 ? 0xa8 : 0x28;
+      break;
+    case KvFormat::kFP8DsMla: {  // 448 = 0x7e, -224 = 0xf6; s_t = 2^-4, 2^-2, 1, 4 as fp32
+      const uint32_t scale_bits[4] = {0x3d800000u, 0x3e800000u, 0x3f800000u, 0x40800000u};
+      for (int i = 0; i < 512; ++i) row[size_t(d.latent.begin + i)] = i % 2 ? 0xf6 : 0x7e;
+      for (int t = 0; t < 4; ++t) put32(d.scales.begin + 4 * t, scale_bits[t]);
+      for (int j = 0; j < rope; ++j) put16(d.rope.begin + 2 * j, j % 2 ? 0xbf00 : 0x3f00);
+      break;
+    }
+    case KvFormat::kNvFP4DsMla:  // e2m1 6 = 0x7 (low nibble, even), -1.5 = 0xb (high nibble, odd)
+      for (int k = 0; k < 256; ++k) row[size_t(d.latent.begin + k)] = 0xb7;
+      for (int b = 0; b < 32; ++b) row[size_t(design_nvfp4_scale_at(b))] = uint8_t(0x28 + b);
+      for (int j = 0; j < rope; ++j) row[size_t(d.rope.begin + j)] = j % 2 ? 0xb0 : 0x30;  // e4m3, unscaled
+      break;
+  }
+  return row;
+}
+
+std::vector<float> latent_inputs(KvFormat f) {
+  std::vector<float> v(512);
+  for (int i = 0; i < 512; ++i) v[size_t(i)] = latent_input(f, i);
+  return v;
+}
+std::vector<float> rope_inputs() {
+  std::vector<float> v(64);
+  for (int j = 0; j < 64; ++j) v[size_t(j)] = rope_input(j);
+  return v;
+}
+
+}  // namespace
+
+TEST(RowLayout, TableIsDesignSection3) {
+  for (const DesignRow& d : kDesign) {
+    SCOPED_TRACE(std::string(smla::to_string(d.format)));
+    const smla::RowLayout l = smla::row_layout(d.format);
+    EXPECT_EQ(l.bytes, d.bytes);
+    EXPECT_EQ(l.bytes_no_rope, d.bytes_no_rope);
+    EXPECT_EQ(d.latent.begin, 0);  // the table's latent starts every row
+    EXPECT_EQ(l.latent_bytes, d.latent.size());
+    EXPECT_EQ(l.latent_bits, d.latent.size() * 8 / 512);
+    EXPECT_EQ(smla::to_string(l.latent_dtype), smla::to_string(d.latent_dtype));
+    EXPECT_EQ(l.num_scales, d.num_scales);
+    EXPECT_EQ(l.scale_bytes, d.scale_bytes);
+    EXPECT_EQ(l.num_scales * l.scale_bytes, d.scales.size());
+    if (d.num_scales > 0) {
+      EXPECT_EQ(l.scale_offset, d.scales.begin);
+    }
+    EXPECT_EQ(l.tile_width, d.values_per_scale);
+    EXPECT_EQ(l.rope_offset, d.rope.begin);
+    EXPECT_EQ(smla::to_string(l.rope_dtype), smla::to_string(d.rope_dtype));
+    EXPECT_EQ(64 * stored_bytes(l.rope_dtype), d.rope.size());
+    EXPECT_EQ(smla::row_bytes(d.format, 64), d.bytes);
+    EXPECT_EQ(smla::row_bytes(d.format, 0), d.bytes_no_rope);
+    // The parts cover the row, each byte once.
+    std::vector<int> cover(size_t(d.bytes), 0);
+    for (const Part& p : {d.latent, d.scales, d.rope})
+      for (int b = p.begin; b < p.end; ++b) ++cover[size_t(b)];
+    for (int b = 0; b < d.bytes; ++b) EXPECT_EQ(cover[size_t(b)], 1) << "byte " << b;
+  }
+  // nvfp4 scale s: the permuted position of §3, a permutation of the scale bytes.
+  std::vector<int> seen(352, 0);
+  for (int s = 0; s < 32; ++s) {
+    EXPECT_EQ(smla::nvfp4_scale_offset(s), design_nvfp4_scale_at(s)) << s;
+    EXPECT_EQ(smla::num::nvfp4_scale_offset(s), design_nvfp4_scale_at(s)) << s;
+    ++seen[size_t(design_nvfp4_scale_at(s))];
+  }
+  for (int b = 320; b < 352; ++b) EXPECT_EQ(seen[size_t(b)], 1) << b;
+}
+
+// encode_row of known values: each part at the table's offset with the table's size holds the
+// bytes §3 prescribes, every other byte is zero, and decode_row gives the inputs back.
+TEST(RowLayout, EncodedPartsLandAtTableOffsets) {
+  const auto rope = rope_inputs();
+  for (const DesignRow& d : kDesign)
+    for (int rope_dim : {64, 0}) {
+      SCOPED_TRACE(std::string(smla::to_string(d.format)) + " rope_dim " + std::to_string(rope_dim));
+      const smla::RowLayout l = smla::row_layout(d.format);
+      const auto latent = latent_inputs(d.format);
+      const float ks = d.format == KvFormat::kFP8E4M3 ? kKScale : 1.0f;
+      const auto row = encode(d.format, rope_dim, latent, rope, ks);
+      const auto want = design_row(d, rope_dim);
+      ASSERT_EQ(row.size(), want.size());
+      ASSERT_EQ(int(row.size()), rope_dim ? l.bytes : l.bytes_no_rope);
+      auto same = [&](int begin, int size, const char* part) {
+        ASSERT_LE(begin + size, int(row.size())) << part;
+        for (int b = begin; b < begin + size; ++b)
+          ASSERT_EQ(int(row[size_t(b)]), int(want[size_t(b)])) << part << " byte " << b;
+      };
+      std::vector<int> cover(row.size(), 0);
+      auto mark = [&](int begin, int size) {
+        for (int b = begin; b < begin + size && b < int(row.size()); ++b) ++cover[size_t(b)];
+      };
+      same(0, l.latent_bytes, "latent");
+      mark(0, l.latent_bytes);
+      if (l.num_scales > 0) {
+        same(l.scale_offset, l.num_scales * l.scale_bytes, "scales");
+        mark(l.scale_offset, l.num_scales * l.scale_bytes);
+      }
+      const int rope_size = kRopeDim * stored_bytes(l.rope_dtype);
+      if (rope_dim || l.bytes_no_rope == l.bytes) {  // ds_mla rows keep their RoPE bytes (zero)
+        same(l.rope_offset, rope_size, "rope");
+        mark(l.rope_offset, rope_size);
+      } else {
+        EXPECT_EQ(l.rope_offset, int(row.size()));  // the row ends where RoPE would start
+      }
+      for (size_t b = 0; b < row.size(); ++b) EXPECT_EQ(cover[b], 1) << "byte " << b << " in no part or in two";
+      for (size_t b = 0; b < row.size(); ++b) ASSERT_EQ(int(row[b]), int(want[b])) << "byte " << b;
+      // The inputs are exact in every format: the decoder reads them back from the same places.
+      const auto back = decode(d.format, rope_dim, row, ks);
+      for (int i = 0; i < 512; ++i) ASSERT_EQ(back[size_t(i)], latent[size_t(i)]) << "latent " << i;
+      for (int j = 0; j < rope_dim; ++j) ASSERT_EQ(back[size_t(512 + j)], rope[size_t(j)]) << "rope " << j;
+    }
+}
+
+// The cache writer (CPU reference; the CUDA writers are held to it byte for byte by the GPU test
+// AllFormats/CacheWriter*) writes row_bytes = the table's size per slot: the §3 bytes, nothing
+// past them; validate() asks for exactly that stride.
+TEST(RowLayout, CacheWriterWritesTableRows) {
+  std::vector<uint16_t> latent(2 * 512), rope(2 * 64);
+  for (const DesignRow& d : kDesign)
+    for (int rope_dim : {64, 0}) {
+      SCOPED_TRACE(std::string(smla::to_string(d.format)) + " rope_dim " + std::to_string(rope_dim));
+      const smla::RowLayout l = smla::row_layout(d.format);
+      const int rb = rope_dim ? l.bytes : l.bytes_no_rope;
+      ASSERT_EQ(smla::row_bytes(d.format, rope_dim), rb);
+      for (int n = 0; n < 2; ++n) {  // bf16 inputs: every test value is exact in bf16
+        for (int i = 0; i < 512; ++i) latent[size_t(n * 512 + i)] = smla::num::f32_to_bf16(latent_input(d.format, i));
+        for (int j = 0; j < 64; ++j) rope[size_t(n * 64 + j)] = smla::num::f32_to_bf16(rope_input(j));
+      }
+      const int stride = rb + 16;
+      std::vector<uint8_t> cache(size_t(3 * stride), 0xab);
+      const std::vector<int32_t> slots = {2, 0};
+      smla::CacheWriteParams p;
+      p.num_tokens = 2, p.latent = latent.data(), p.latent_stride = 512;
+      p.rope = rope_dim ? rope.data() : nullptr, p.rope_stride = 64, p.rope_dim = rope_dim;
+      p.slot_mapping = slots.data(), p.cache = cache.data(), p.num_rows = 3, p.row_stride_bytes = stride;
+      p.format = d.format, p.k_scale = d.format == KvFormat::kFP8E4M3 ? kKScale : 1.0f;
+      smla::write_cache_reference(p);
+      const auto want = design_row(d, rope_dim);
+      for (int r = 0; r < 3; ++r)
+        for (int b = 0; b < stride; ++b) {
+          const int expect = r != 1 && b < rb ? int(want[size_t(b)]) : 0xab;  // row 1 and the gaps untouched
+          ASSERT_EQ(int(cache[size_t(r * stride + b)]), expect) << "row " << r << " byte " << b;
+        }
+      p.row_stride_bytes = rb;
+      EXPECT_NO_THROW(smla::validate(p));
+      p.row_stride_bytes = rb - 1;
+      EXPECT_THROW(smla::validate(p), smla::Error);
+    }
 }

@@ -114,7 +114,7 @@ struct Hand {
   std::vector<int32_t> idx, counts;
 
   SparseMlaParams params(const std::vector<int32_t>& entries) {
-    const int rb = 1152;
+    const int rb = smla::row_bytes(KvFormat::kBF16, 64);
     kv.assign(row_value.size() * rb, 0);
     std::vector<float> latent(512), rope(64, 0.0f);
     for (size_t r = 0; r < row_value.size(); ++r) {

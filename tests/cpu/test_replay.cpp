@@ -232,7 +232,7 @@ TEST_F(ReplayErrors, WrongDtypes) {
   d.tensors["kv"].dtype = "F16";
   expect(d, {"'kv'", "BF16"});
   d = good;
-  d.tensors["kv"] = zeros("U8", {200, 1152});
+  d.tensors["kv"] = zeros("U8", {200, row_bytes(KvFormat::kBF16, 64)});
   expect(d, {"'kv'"});
   d = good;
   d.tensors["idx"] = {"U32", d.tensors["idx"].shape, d.tensors["idx"].data};

@@ -54,11 +54,12 @@ TEST_P(CacheWriter, BitIdenticalToCpuEncoder) {
   const int64_t row_stride = rb + 16;
   std::vector<uint16_t> latent(size_t(N * 512)), rope(size_t(N * 64));
   auto enc = [&](float v) { return src == DType::kBF16 ? num::f32_to_bf16(v) : num::f32_to_fp16(v); };
+  constexpr int kTile = row_layout(KvFormat::kFP8DsMla).tile_width;  // the first fp8_ds_mla tile
   for (int64_t n = 0; n < N; ++n) {
     const int kind = int(n % 5);
     for (int d = 0; d < 512; ++d) {
       float v = normal(rng);
-      if (kind == 1 && d < 128) v = 0.0f;             // an all-zero tile / blocks
+      if (kind == 1 && d < kTile) v = 0.0f;           // an all-zero tile / blocks
       if (kind == 2) v *= 3000.0f;                    // past e4m3's range before scaling
       if (kind == 3) v *= 1e-6f;                      // tiny values, subnormal scales
       if (kind == 4 && d % 37 == 0) v = 60000.0f;     // one large outlier per block

@@ -141,13 +141,14 @@ TEST(QuantDequant, InPlaceRowsMatchDecodeRow) {
           for (auto& b : row) b = uint8_t(rng());
           for (auto& b : row) b = (b & 0x7f) == 0x7f ? uint8_t(b ^ 1) : b;  // no NaN e4m3 / e2m1 scale
           if (f == KvFormat::kFP8DsMla) {
-            for (int i = 0; i < 4; ++i) {
+            constexpr smla::RowLayout l = smla::row_layout(KvFormat::kFP8DsMla);
+            for (int i = 0; i < l.num_scales; ++i) {
               const float s = std::exp(float(int(rng() % 2000) - 1000) * 0.01f);
-              std::memcpy(row.data() + 512 + 4 * i, &s, 4);
+              std::memcpy(row.data() + l.scale_offset + l.scale_bytes * i, &s, sizeof s);
             }
-            for (int i = 0; i < 64; ++i) {  // finite bf16 RoPE
+            for (int i = 0; i < smla::kRopeDim; ++i) {  // finite bf16 RoPE
               uint16_t v = smla::num::f32_to_bf16(normal(rng));
-              std::memcpy(row.data() + 528 + 2 * i, &v, 2);
+              std::memcpy(row.data() + l.rope_offset + 2 * i, &v, 2);
             }
           }
         }
@@ -424,7 +425,9 @@ TEST(SparseMlaQuantReport, ErrorAgainstBf16Cache) {
     // The bf16 rows as floats.
     const int64_t R = s.num_rows;
     std::vector<float> vals(size_t(R) * 576);
-    for (int64_t r = 0; r < R; ++r) smla::decode_row(KvFormat::kBF16, 64, bf.kv.data() + r * 1152, 1.0f, vals.data() + r * 576);
+    const int rb16 = smla::row_bytes(KvFormat::kBF16, 64);
+    for (int64_t r = 0; r < R; ++r)
+      smla::decode_row(KvFormat::kBF16, 64, bf.kv.data() + r * rb16, 1.0f, vals.data() + r * 576);
     float amax = 0;
     for (float x : vals) amax = std::max(amax, std::fabs(x));
     for (KvFormat f : {KvFormat::kFP8E4M3, KvFormat::kFP8DsMla, KvFormat::kNvFP4DsMla}) {

@@ -366,6 +366,14 @@ def test_cache_writer_bytes_equal_cpu_encoder(fmt, rope_dim):
                                   ref.decode_rows(fmt, want, rope_dim, k_scale))
 
 
+@pytest.mark.parametrize("fmt", ["bf16", "fp16", "fp8_e4m3", "fp8_ds_mla", "nvfp4_ds_mla"])
+def test_numpy_model_row_bytes_match_cpp_table(fmt):
+    # smla_np keeps its own row sizes, written from DESIGN.md §3; the C++ row-layout table
+    # (smla::row_layout, through row_bytes) must give the same.
+    for rope_dim in (64, 0):
+        assert smla.row_bytes(fmt, rope_dim) == ref.row_bytes(fmt, rope_dim), (fmt, rope_dim)
+
+
 def test_cache_writer_errors():
     lat = np.zeros((2, 512), np.uint16)
     cache = np.zeros((4, 656), np.uint8)

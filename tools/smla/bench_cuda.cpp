@@ -110,6 +110,7 @@ void fill_quantized_pool(uint8_t* pool, int64_t rows, KvFormat fmt, int rope, cu
     return x;
   };
   for (auto& b : h) b = uint8_t(next());
+  const RowLayout l = row_layout(fmt);
   for (int64_t r = 0; r < n0; ++r) {
     uint8_t* row = h.data() + r * rb;
     switch (fmt) {
@@ -117,19 +118,20 @@ void fill_quantized_pool(uint8_t* pool, int64_t rows, KvFormat fmt, int rope, cu
         for (int i = 0; i < rb; ++i) row[i] &= 0xbf;
         break;
       case KvFormat::kFP8DsMla:
-        for (int i = 0; i < 512; ++i) row[i] &= 0xbf;
-        for (int i = 0; i < 4; ++i) {
+        for (int i = 0; i < l.latent_bytes; ++i) row[i] &= 0xbf;
+        for (int i = 0; i < l.num_scales; ++i) {
           const float sc = 0.5f + float(next() % 1024) / 1024.0f;  // any finite fp32 scale
-          std::memcpy(row + 512 + 4 * i, &sc, 4);
+          std::memcpy(row + l.scale_offset + l.scale_bytes * i, &sc, sizeof sc);
         }
-        for (int i = 0; i < 64; ++i) {  // bf16 in +-[1, 2)
+        for (int i = 0; i < kRopeDim; ++i) {  // bf16 in +-[1, 2)
           const uint16_t v = uint16_t(0x3f80u | (next() & 0x807fu));
-          std::memcpy(row + 528 + 2 * i, &v, 2);
+          std::memcpy(row + l.rope_offset + 2 * i, &v, 2);
         }
         break;
       case KvFormat::kNvFP4DsMla:
-        for (int i = 256; i < 320; ++i) row[i] &= 0xbf;                     // RoPE e4m3
-        for (int i = 320; i < 352; ++i) row[i] = uint8_t(0x30 | (next() & 0xf));  // scales in [0.5, 2)
+        for (int i = l.rope_offset; i < l.rope_offset + kRopeDim; ++i) row[i] &= 0xbf;  // RoPE e4m3
+        for (int i = l.scale_offset; i < l.scale_offset + l.num_scales; ++i)
+          row[i] = uint8_t(0x30 | (next() & 0xf));  // scales in [0.5, 2)
         break;
       default: break;
     }

@@ -43,8 +43,9 @@ Shard make_shard(int64_t rows, uint64_t seed, cudaStream_t s) {
   constexpr int kB = 64;
   Shard sh;
   sh.max_blocks = int((rows + kB - 1) / kB);
-  sh.kv = dalloc<uint8_t>(size_t(sh.max_blocks) * kB * 1152);
-  cuda::fill_random_16bit(sh.kv, size_t(sh.max_blocks) * kB * 576, DType::kBF16, seed, s);
+  constexpr int kRowBytes = row_layout(KvFormat::kBF16).bytes;
+  sh.kv = dalloc<uint8_t>(size_t(sh.max_blocks) * kB * kRowBytes);
+  cuda::fill_random_16bit(sh.kv, size_t(sh.max_blocks) * kB * kRowBytes / 2, DType::kBF16, seed, s);
   std::vector<int32_t> table(size_t(sh.max_blocks));
   for (int b = 0; b < sh.max_blocks; ++b) table[size_t(b)] = b;
   sh.table = dalloc<int32_t>(table.size());
@@ -129,7 +130,7 @@ int rank_main(const Setup& su, int rank, const std::vector<uint8_t>& id) {
     a.num_tokens = T, a.q = q, a.positions = positions, a.req_of_token = req, a.block_table = shard.table;
     a.bt_stride = shard.max_blocks, a.num_reqs = 1, a.max_blocks = shard.max_blocks, a.block_size = 64;
     a.block_stride_rows = 64, a.kv = shard.kv, a.num_rows = int64_t(shard.max_blocks) * 64;
-    a.kv_row_stride_bytes = 1152, a.softmax_scale = 0.1352338f, a.out = out, a.lse = lse;
+    a.kv_row_stride_bytes = row_layout(KvFormat::kBF16).bytes, a.softmax_scale = 0.1352338f, a.out = out, a.lse = lse;
     const double step_ms = median_ms(s, su.reps, [&] { dcp.step(a, s); });
     dcp.enable_timing(true);
     dcp.step(a, s);

@@ -13,6 +13,11 @@ namespace smla::cuda {
 namespace {
 
 constexpr int kThreads = 128;  // 512 latent values, 4 per thread
+constexpr int kPerThread = kLatentDim / kThreads;
+static_assert(kPerThread == 4 && kThreads >= kRopeDim, "thread i owns latent 4i..4i+3 and RoPE value i");
+// The shuffles below reduce a scale over the lanes that own one tile of the row-layout table.
+static_assert(row_layout(KvFormat::kFP8DsMla).tile_width == 32 * kPerThread, "an fp8_ds_mla tile is one warp");
+static_assert(row_layout(KvFormat::kNvFP4DsMla).tile_width == 4 * kPerThread, "an nvfp4 block is four lanes");
 
 struct WriterParams {
   const uint16_t* latent;  // [N, 512] bf16/fp16, row stride latent_stride
@@ -35,6 +40,7 @@ __device__ __forceinline__ float load(const uint16_t* p, int64_t i, bool bf16) {
 
 template <KvFormat kFormat>
 __global__ void __launch_bounds__(kThreads) cache_writer_kernel(WriterParams p) {
+  constexpr RowLayout l = row_layout(kFormat);  // where each part of the row goes (smla/formats.h)
   const int64_t n = blockIdx.x;
   const int32_t slot = p.slots[n];
   if (slot < 0) return;
@@ -53,11 +59,12 @@ __global__ void __launch_bounds__(kThreads) cache_writer_kernel(WriterParams p) 
 #pragma unroll
     for (int i = 0; i < 4; ++i)
       out[4 * tid + i] = kFormat == KvFormat::kBF16 ? num::f32_to_bf16(x[i]) : num::f32_to_fp16(x[i]);
-    if (has_rope) out[kLatentDim + tid] = kFormat == KvFormat::kBF16 ? num::f32_to_bf16(r) : num::f32_to_fp16(r);
+    uint16_t* rope_out = reinterpret_cast<uint16_t*>(row + l.rope_offset);
+    if (has_rope) rope_out[tid] = kFormat == KvFormat::kBF16 ? num::f32_to_bf16(r) : num::f32_to_fp16(r);
   } else if constexpr (kFormat == KvFormat::kFP8E4M3) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) row[4 * tid + i] = num::f32_to_e4m3(x[i] / p.k_scale);
-    if (has_rope) row[kLatentDim + tid] = num::f32_to_e4m3(r / p.k_scale);
+    if (has_rope) row[l.rope_offset + tid] = num::f32_to_e4m3(r / p.k_scale);
   } else if constexpr (kFormat == KvFormat::kFP8DsMla) {
     float amax = fmaxf(fmaxf(fabsf(x[0]), fabsf(x[1])), fmaxf(fabsf(x[2]), fabsf(x[3])));
 #pragma unroll
@@ -65,8 +72,9 @@ __global__ void __launch_bounds__(kThreads) cache_writer_kernel(WriterParams p) 
     const float s = num::ds_mla_tile_scale(amax);  // warp w = tile w
 #pragma unroll
     for (int i = 0; i < 4; ++i) row[4 * tid + i] = num::f32_to_e4m3(x[i] / s);
-    if ((tid & 31) == 0) *reinterpret_cast<float*>(row + 512 + 4 * (tid >> 5)) = s;
-    if (tid < kRopeDim) reinterpret_cast<uint16_t*>(row + 528)[tid] = has_rope ? num::f32_to_bf16(r) : uint16_t(0);
+    if ((tid & 31) == 0) *reinterpret_cast<float*>(row + l.scale_offset + l.scale_bytes * (tid >> 5)) = s;
+    if (tid < kRopeDim)
+      reinterpret_cast<uint16_t*>(row + l.rope_offset)[tid] = has_rope ? num::f32_to_bf16(r) : uint16_t(0);
   } else {  // nvfp4_ds_mla
     float amax = fmaxf(fmaxf(fabsf(x[0]), fabsf(x[1])), fmaxf(fabsf(x[2]), fabsf(x[3])));
     amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
@@ -77,8 +85,8 @@ __global__ void __launch_bounds__(kThreads) cache_writer_kernel(WriterParams p) 
     const uint8_t lo1 = num::f32_to_e2m1(x[2] / sf), hi1 = num::f32_to_e2m1(x[3] / sf);
     row[2 * tid] = uint8_t(lo0 | (hi0 << 4));
     row[2 * tid + 1] = uint8_t(lo1 | (hi1 << 4));
-    if ((tid & 3) == 0) row[num::nvfp4_scale_offset(tid >> 2)] = sb;
-    if (tid < kRopeDim) row[256 + tid] = has_rope ? num::f32_to_e4m3(r) : uint8_t(0);
+    if ((tid & 3) == 0) row[nvfp4_scale_offset(tid >> 2)] = sb;
+    if (tid < kRopeDim) row[l.rope_offset + tid] = has_rope ? num::f32_to_e4m3(r) : uint8_t(0);
   }
 }
 
