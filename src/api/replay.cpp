@@ -210,6 +210,7 @@ st::File replay(const st::File& dump, const ReplayOptions& opt) {
   p.lse = lse.data();
   p.lse_mode = lse_mode;
   set_dense_strides(p);
+  check_host_sink(p);  // the sink is host-visible here, whichever backend runs
   run_host(opt.backend, p, kv.data.size());
 
   st::File result;
