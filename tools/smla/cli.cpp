@@ -75,6 +75,13 @@ std::string usage_all() {
 
 namespace {
 
+// Arguments are echoed in errors: keep the error to one printable line.
+[[noreturn]] void fail(std::string msg) {
+  for (char& c : msg)
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = '?';
+  smla::fail(msg);
+}
+
 std::string see_help(const std::string& cmd) { return "; see smla " + cmd + " --help"; }
 
 // A decimal integer: optional '-', then digits, and nothing else (no spaces, '+', hex, suffix).
