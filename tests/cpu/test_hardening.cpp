@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "smla/reference.h"
+#include "smla/serving.h"
 #include "smla/testing.h"
 
 namespace {
@@ -217,4 +218,20 @@ TEST(Scale, HugeOrNonFiniteScalesSayTheAcceptedRange) {
   for (float l : hp.lse) EXPECT_TRUE(std::isfinite(l) || l == -INFINITY) << l;
 }
 
+}  // namespace
+
+// ---- the empty-row finisher's shapes: the error blames the mismatch, naming both -------------
+
+namespace {
+TEST(FinishEmptyShapes, MismatchNamesCountsAndOut) {
+  try {
+    smla::check_finish_empty_shapes(5, 3, -1);
+    ADD_FAILURE() << "5 counts for 3 rows accepted";
+  } catch (const smla::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("counts has 5 entries but out has 3 rows"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(smla::check_finish_empty_shapes(3, 3, 2), smla::Error);
+  EXPECT_NO_THROW(smla::check_finish_empty_shapes(3, 3, 3));
+  EXPECT_NO_THROW(smla::check_finish_empty_shapes(0, 0, -1));
+}
 }  // namespace
