@@ -1,11 +1,11 @@
 // Host-side validation of SparseMlaParams: the one place user input is checked.
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <initializer_list>
 #include <string>
 #include <utility>
-#include <vector>
 
 #include "smla/formats.h"
 #include "smla/params.h"
@@ -29,7 +29,7 @@ std::string hex(uintptr_t v) {
 // The bytes a strided tensor can touch: [begin, end) from its base, its extent along each
 // dimension (sizes >= 1, strides >= 0, in elements) and the contiguous last dimension.
 struct Extent {
-  const char* name;
+  const char* name = "";
   uintptr_t begin = 0, end = 0;  // end == begin: empty (nothing to compare)
 };
 
@@ -122,19 +122,22 @@ void validate(const SparseMlaParams& p) {
   // ---- outputs share no byte with an input or with each other (extents from shape and strides)
   const int64_t T = p.num_tokens, H = p.num_heads;
   const int qb = dtype_bytes(p.q_dtype);
-  std::vector<Extent> inputs = {extent("q", p.q, qb, {{T, p.q_stride_t}, {H, p.q_stride_h}}, q_width),
-                                extent("idx", p.idx, 4, {{T, p.idx_stride_t}}, p.topk)};
+  // A fixed array, not a vector: validate() runs inside Plan::run, which never allocates.
+  std::array<Extent, 6> inputs;
+  size_t n_inputs = 0;
+  inputs[n_inputs++] = extent("q", p.q, qb, {{T, p.q_stride_t}, {H, p.q_stride_h}}, q_width);
+  inputs[n_inputs++] = extent("idx", p.idx, 4, {{T, p.idx_stride_t}}, p.topk);
   if (p.q_rope)
-    inputs.push_back(extent("q_rope", p.q_rope, qb, {{T, p.q_rope_stride_t}, {H, p.q_rope_stride_h}}, kRopeDim));
-  if (p.num_rows > 0) inputs.push_back(extent("kv", p.kv, 1, {{p.num_rows, p.kv_row_stride_bytes}}, rb));
-  if (p.counts) inputs.push_back(extent("counts", p.counts, 4, {}, T));
-  if (p.sink) inputs.push_back(extent("sink", p.sink, 4, {}, H));
+    inputs[n_inputs++] = extent("q_rope", p.q_rope, qb, {{T, p.q_rope_stride_t}, {H, p.q_rope_stride_h}}, kRopeDim);
+  if (p.num_rows > 0) inputs[n_inputs++] = extent("kv", p.kv, 1, {{p.num_rows, p.kv_row_stride_bytes}}, rb);
+  if (p.counts) inputs[n_inputs++] = extent("counts", p.counts, 4, {}, T);
+  if (p.sink) inputs[n_inputs++] = extent("sink", p.sink, 4, {}, H);
   const Extent out = extent("out", p.out, dtype_bytes(p.out_dtype), {{T, p.out_stride_t}, {H, p.out_stride_h}}, kLatentDim);
-  for (const auto& in : inputs) check_disjoint(out, in);
+  for (size_t i = 0; i < n_inputs; ++i) check_disjoint(out, inputs[i]);
   if (p.lse != nullptr && p.lse_mode != LseMode::kOff) {
     const Extent lse = extent("lse", p.lse, 4, {{T, p.lse_stride_t}}, H);
     check_disjoint(lse, out);
-    for (const auto& in : inputs) check_disjoint(lse, in);
+    for (size_t i = 0; i < n_inputs; ++i) check_disjoint(lse, inputs[i]);
   }
 }
 
