@@ -180,16 +180,21 @@ void sparse_mla(const SparseMlaParams& p, int num_threads) {
   std::vector<std::thread> pool;
   std::vector<std::exception_ptr> errors(static_cast<size_t>(n));
   const int64_t chunk = (p.num_tokens + n - 1) / n;
-  for (int i = 0; i < n; ++i) {
-    const int64_t t0 = i * chunk, t1 = std::min(p.num_tokens, t0 + chunk);
-    if (t0 < t1)
-      pool.emplace_back([&p, &errors, i, t0, t1] {
-        try {
-          run_rows(p, t0, t1);
-        } catch (...) {
-          errors[size_t(i)] = std::current_exception();
-        }
-      });
+  try {
+    for (int i = 0; i < n; ++i) {
+      const int64_t t0 = i * chunk, t1 = std::min(p.num_tokens, t0 + chunk);
+      if (t0 < t1)
+        pool.emplace_back([&p, &errors, i, t0, t1] {
+          try {
+            run_rows(p, t0, t1);
+          } catch (...) {
+            errors[size_t(i)] = std::current_exception();
+          }
+        });
+    }
+  } catch (...) {  // a thread that could not start: finish the started ones, then report
+    for (auto& th : pool) th.join();
+    rethrow_as_error(std::current_exception());
   }
   for (auto& th : pool) th.join();
   for (const auto& e : errors)

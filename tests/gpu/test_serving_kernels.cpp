@@ -15,6 +15,12 @@
 #include "smla/formats.h"
 #include "smla/numeric.h"
 
+// GoogleTest prints parameters in test listings: names, not 1-byte object dumps.
+namespace smla {
+inline void PrintTo(KvFormat f, std::ostream* os) { *os << to_string(f); }
+inline void PrintTo(DType t, std::ostream* os) { *os << to_string(t); }
+}  // namespace smla
+
 namespace {
 
 using namespace smla;
