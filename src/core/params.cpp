@@ -72,7 +72,7 @@ void validate(const SparseMlaParams& p) {
   SMLA_CHECK(p.q_dtype != DType::kBF16 || p.format != KvFormat::kFP16,
              "a bf16 q needs a bf16 (or quantized) cache; got an fp16 cache: cast q to fp16");
   SMLA_CHECK(std::isfinite(p.softmax_scale) && std::fabs(p.softmax_scale) <= kMaxSoftmaxScale,
-             "softmax_scale must be a finite number in [-1e4, 1e4] (DeepSeek-V3.2 uses 0.1352338); got " +
+             "softmax_scale must be finite and in [-1e4, 1e4] (DeepSeek-V3.2 uses 0.1352338); got " +
                  fnum(p.softmax_scale));
   SMLA_CHECK(std::isfinite(p.q_scale) && p.q_scale > 0, "q_scale must be finite and > 0; got " + fnum(p.q_scale));
   SMLA_CHECK(std::isfinite(p.k_scale) && p.k_scale > 0, "k_scale must be finite and > 0; got " + fnum(p.k_scale));

@@ -204,7 +204,7 @@ TEST(Scale, HugeOrNonFiniteScalesSayTheAcceptedRange) {
     SparseMlaParams p = hp.params;
     p.softmax_scale = v;
     const std::string m = error_of(p);
-    EXPECT_NE(m.find("softmax_scale must be a finite number in [-1e4, 1e4]"), std::string::npos) << v << ": " << m;
+    EXPECT_NE(m.find("softmax_scale must be finite and in [-1e4, 1e4]"), std::string::npos) << v << ": " << m;
   }
   // Each scale in range, the product not.
   SparseMlaParams p = hp.params;
