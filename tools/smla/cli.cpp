@@ -67,7 +67,7 @@ std::string usage_all() {
   std::string s = "usage: smla <command> [options]   (smla <command> --help for its options)\n";
   for (const auto& c : commands()) {
     std::string left = std::string("  ") + c.name + (c.positional ? std::string(" ") + c.positional : "");
-    if (left.size() < 26) left.append(26 - left.size(), ' ');
+    left.append(left.size() + 2 <= 26 ? 26 - left.size() : 2, ' ');
     s += left + c.summary + "\n";
   }
   return s;
