@@ -170,6 +170,19 @@ TEST(Replay, CudaBackendWithoutCudaIsAnError) {
   EXPECT_THROW(replay(dump_of(hp), {Backend::kCuda, DType::kBF16}), Error);
 }
 
+// Issue #20: a CUDA build on a machine without a GPU says what `smla info` says.
+TEST(Replay, CudaBackendWithoutDeviceSaysNoDevice) {
+  if (!built_with_cuda()) GTEST_SKIP() << "CPU-only build (CudaBackendWithoutCudaIsAnError covers it)";
+  if (first_cuda_device().present()) GTEST_SKIP() << "a CUDA device is present";
+  smla::testing::HostProblem hp = smla::testing::make_problem(small(KvFormat::kBF16), 26);
+  try {
+    replay(dump_of(hp), {Backend::kCuda, DType::kBF16});
+    ADD_FAILURE() << "ran on the CUDA backend without a device";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no CUDA device found"), std::string::npos) << e.what();
+  }
+}
+
 // ---- refusals
 
 // A zero-filled tensor whose byte count matches dtype x shape.
