@@ -36,9 +36,9 @@ struct SparseMlaParams {
   const int32_t* idx = nullptr;  // [T, K] int32 physical rows, -1 padded; row stride idx_stride_t
   int64_t idx_stride_t = 0;
   const int32_t* counts = nullptr;  // nullable: [T] active lengths; entries past it are not read
-  const float* sink = nullptr;      // nullable: [H] fp32 per-head sink logits
+  const float* sink = nullptr;      // nullable: [H] fp32 per-head sink logits (see the sink rule below)
 
-  // ---- scales
+  // ---- scales (softmax_scale, and softmax_scale * q_scale [* k_scale for fp8_e4m3], in [-1e4, 1e4])
   float softmax_scale = 0.0f;
   float q_scale = 1.0f;  // multiplies q (e4m3 q); 1 otherwise
   float k_scale = 1.0f;  // fp8_e4m3 per-tensor scale
@@ -54,8 +54,23 @@ struct SparseMlaParams {
   int head_dim() const { return kLatentDim + rope_dim; }
 };
 
-// Checks shapes, dtypes, strides and pointers; throws Error naming the argument and the fix.
+// The largest |softmax_scale| (and |softmax_scale * q_scale [* k_scale]|) validate() accepts: scores
+// beyond it are not attention logits but a unit error (DeepSeek-V3.2 uses 0.1352338).
+inline constexpr float kMaxSoftmaxScale = 1e4f;
+
+// Checks shapes, dtypes, strides, scales and pointers; throws Error naming the argument and the
+// fix. Outputs (out, lse) must not share a byte with any input (q, q_rope, kv rows, idx, counts,
+// sink) or with each other: each tensor's byte extent, from its shape and strides, is compared.
+// Values behind pointers are not read (they may live on the device).
 void validate(const SparseMlaParams& p);
+
+// The sink rule. sink[h] = -inf means "no sink for head h" (exactly as if sink were null); any
+// finite value adds exp(sink[h]) to that head's denominator. NaN and +inf are refused where the
+// values are host-visible (the CPU backend, replay: this check). Device-resident sinks are not
+// read on the host (run never synchronizes); there a +inf sink gives out = 0 for that head's
+// non-empty rows and a NaN sink gives out = NaN for them; LSE (which excludes the sink) and empty
+// rows (out 0, LSE -inf) are unaffected.
+void check_host_sink(const SparseMlaParams& p);
 
 // Fills the contiguous strides for tensors laid out densely ([T,H,D] q, [T,K] idx, ...).
 // Callers set the pointers and sizes first.

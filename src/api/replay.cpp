@@ -8,6 +8,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "smla/formats.h"
@@ -55,19 +56,59 @@ const st::Tensor& require(const st::File& f, const std::string& name, const std:
   return *t;
 }
 
-// A metadata number: the whole string must parse and be finite.
-float meta_float(const st::File& f, const std::string& key, const float* dflt) {
+// The one number rule for every numeric metadata value (softmax_scale, q_scale, k_scale,
+// rope_dim): a string in JSON number syntax, -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?, with
+// no spaces, '+', hex, inf or nan; its value must lie in the key's range, and a nonzero literal
+// must not round to 0 in float32.
+constexpr const char* kNumberRule = "a decimal number in JSON syntax (e.g. 0.1352338, 64, 1e-3; no spaces, '+', hex, inf or nan)";
+
+bool json_number_syntax(const std::string& s, bool& nonzero) {
+  size_t i = 0;
+  const size_t n = s.size();
+  auto digits = [&] {
+    const size_t b = i;
+    for (; i < n && s[i] >= '0' && s[i] <= '9'; ++i) nonzero |= s[i] != '0';
+    return i > b;
+  };
+  nonzero = false;
+  if (i < n && s[i] == '-') ++i;
+  if (i < n && s[i] == '0') ++i;
+  else if (!(i < n && s[i] >= '1' && s[i] <= '9' && digits())) return false;
+  if (i < n && s[i] == '.') {
+    ++i;
+    if (!digits()) return false;
+  }
+  if (i < n && (s[i] == 'e' || s[i] == 'E')) {
+    ++i;
+    if (i < n && (s[i] == '+' || s[i] == '-')) ++i;
+    bool exp_nonzero = false;
+    std::swap(nonzero, exp_nonzero);
+    if (!digits()) return false;
+    nonzero = exp_nonzero;  // the exponent's digits do not make the value nonzero
+  }
+  return i == n;
+}
+
+// metadata[key] under the number rule, in [lo, hi] (lo excluded when lo_open); dflt when absent
+// (null: required). range names the range in the error.
+float meta_number(const st::File& f, const std::string& key, const float* dflt, double lo, double hi, bool lo_open,
+                  const std::string& range) {
   auto it = f.metadata.find(key);
   if (it == f.metadata.end()) {
-    if (!dflt) bad("metadata '" + key + "' is missing; the dump must state it (a decimal number)");
+    if (!dflt) bad("metadata '" + key + "' is missing; the dump must state it as " + kNumberRule + ", " + range);
     return *dflt;
   }
   const std::string& s = it->second;
-  char* end = nullptr;
-  const float v = s.empty() ? NAN : std::strtof(s.c_str(), &end);
-  if (s.empty() || end != s.c_str() + s.size() || !std::isfinite(v))
-    bad("metadata '" + key + "' must be a finite decimal number; got '" + s + "'");
-  return v;
+  bool nonzero = false;
+  if (!json_number_syntax(s, nonzero))
+    bad("metadata '" + key + "' must be " + kNumberRule + ", " + range + "; got '" + s + "'");
+  const double v = std::strtod(s.c_str(), nullptr);
+  if (!(lo_open ? v > lo : v >= lo) || !(v <= hi))
+    bad("metadata '" + key + "' must be " + range + "; got '" + s + "'");
+  const float fv = float(v);
+  if (nonzero && fv == 0.0f)
+    bad("metadata '" + key + "' = '" + s + "' is nonzero but rounds to 0 in float32; must be " + range);
+  return fv;
 }
 
 template <typename T>
@@ -100,11 +141,11 @@ st::File replay(const st::File& dump, const ReplayOptions& opt) {
     bad(std::string("metadata 'format': ") + e.what());
   }
   const float one = 1.0f;
-  const float softmax_scale = meta_float(dump, "softmax_scale", nullptr);
-  const float q_scale = meta_float(dump, "q_scale", &one);
-  const float k_scale = meta_float(dump, "k_scale", &one);
-  if (!(q_scale > 0)) bad("metadata 'q_scale' must be > 0; got " + dump.metadata.at("q_scale"));
-  if (!(k_scale > 0)) bad("metadata 'k_scale' must be > 0; got " + dump.metadata.at("k_scale"));
+  const double fmax = std::numeric_limits<float>::max();
+  const float softmax_scale =
+      meta_number(dump, "softmax_scale", nullptr, -kMaxSoftmaxScale, kMaxSoftmaxScale, false, "in [-1e4, 1e4]");
+  const float q_scale = meta_number(dump, "q_scale", &one, 0, fmax, true, "> 0 and finite in float32");
+  const float k_scale = meta_number(dump, "k_scale", &one, 0, fmax, true, "> 0 and finite in float32");
   LseMode lse_mode = LseMode::kBaseE;
   if (auto it = dump.metadata.find("lse_base"); it != dump.metadata.end()) {
     if (it->second == "2") lse_mode = LseMode::kBase2;
@@ -115,10 +156,11 @@ st::File replay(const st::File& dump, const ReplayOptions& opt) {
   const st::Tensor& q = require(dump, "q", "q [T, H, 576 or 512] BF16, F16 or F8_E4M3");
   if (q.shape.size() != 3) bad("tensor 'q' must be [T, H, D]; got " + describe(q));
   int rope_dim = q.shape[2] == kLatentDim ? 0 : kRopeDim;
-  if (auto it = dump.metadata.find("rope_dim"); it != dump.metadata.end()) {
-    if (it->second == "64") rope_dim = kRopeDim;
-    else if (it->second == "0") rope_dim = 0;
-    else bad("metadata 'rope_dim' must be '64' or '0'; got '" + it->second + "'");
+  if (dump.metadata.count("rope_dim")) {
+    const float dflt = float(rope_dim);
+    const float r = meta_number(dump, "rope_dim", &dflt, 0, kRopeDim, false, "64 or 0");
+    if (r != 0.0f && r != float(kRopeDim)) bad("metadata 'rope_dim' must be 64 or 0; got '" + dump.metadata.at("rope_dim") + "'");
+    rope_dim = int(r);
   }
   const int D = kLatentDim + rope_dim;
   DType q_dtype;
@@ -210,6 +252,7 @@ st::File replay(const st::File& dump, const ReplayOptions& opt) {
   p.lse = lse.data();
   p.lse_mode = lse_mode;
   set_dense_strides(p);
+  check_host_sink(p);  // the sink is host-visible here, whichever backend runs
   run_host(opt.backend, p, kv.data.size());
 
   st::File result;

@@ -1,6 +1,11 @@
 // Host-side validation of SparseMlaParams: the one place user input is checked.
+#include <array>
 #include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <initializer_list>
 #include <string>
+#include <utility>
 
 #include "smla/formats.h"
 #include "smla/params.h"
@@ -8,6 +13,47 @@
 namespace smla {
 namespace {
 std::string num(int64_t v) { return std::to_string(v); }
+
+std::string fnum(double v) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%g", v);
+  return b;
+}
+
+std::string hex(uintptr_t v) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%llx", static_cast<unsigned long long>(v));
+  return b;
+}
+
+// The bytes a strided tensor can touch: [begin, end) from its base, its extent along each
+// dimension (sizes >= 1, strides >= 0, in elements) and the contiguous last dimension.
+struct Extent {
+  const char* name = "";
+  uintptr_t begin = 0, end = 0;  // end == begin: empty (nothing to compare)
+};
+
+Extent extent(const char* name, const void* base, int elem_bytes, std::initializer_list<std::pair<int64_t, int64_t>> dims,
+              int64_t last) {
+  // Sizes are bounded by validate()'s checks, but strides are the caller's: compute in 128 bits.
+  __int128 span = last;
+  for (const auto& [size, stride] : dims) span += __int128(size - 1) * stride;
+  span *= elem_bytes;
+  const auto b = reinterpret_cast<uintptr_t>(base);
+  SMLA_CHECK(span <= __int128(UINTPTR_MAX - b),
+             std::string(name) + " strides reach past the end of the address space; check its shape and strides");
+  return {name, b, b + uintptr_t(span)};
+}
+
+// Outputs must not share a byte with an input or another output: the kernels read inputs after
+// outputs are written (and the CPU reference writes rows while other threads read).
+void check_disjoint(const Extent& out, const Extent& other) {
+  if (out.begin == out.end || other.begin == other.end) return;
+  if (out.begin < other.end && other.begin < out.end)
+    fail(std::string(out.name) + " overlaps " + other.name + " in memory (bytes [0x" + hex(out.begin) + ", 0x" +
+         hex(out.end) + ") and [0x" + hex(other.begin) + ", 0x" + hex(other.end) +
+         ")); give " + out.name + " its own buffer");
+}
 }  // namespace
 
 void validate(const SparseMlaParams& p) {
@@ -25,9 +71,19 @@ void validate(const SparseMlaParams& p) {
              "an fp16 q needs an fp16 (or quantized) cache; got a bf16 cache: cast q to bf16");
   SMLA_CHECK(p.q_dtype != DType::kBF16 || p.format != KvFormat::kFP16,
              "a bf16 q needs a bf16 (or quantized) cache; got an fp16 cache: cast q to fp16");
-  SMLA_CHECK(std::isfinite(p.softmax_scale), "softmax_scale must be finite");
-  SMLA_CHECK(std::isfinite(p.q_scale) && p.q_scale > 0, "q_scale must be finite and > 0");
-  SMLA_CHECK(std::isfinite(p.k_scale) && p.k_scale > 0, "k_scale must be finite and > 0");
+  SMLA_CHECK(std::isfinite(p.softmax_scale) && std::fabs(p.softmax_scale) <= kMaxSoftmaxScale,
+             "softmax_scale must be finite and in [-1e4, 1e4] (DeepSeek-V3.2 uses 0.1352338); got " +
+                 fnum(p.softmax_scale));
+  SMLA_CHECK(std::isfinite(p.q_scale) && p.q_scale > 0, "q_scale must be finite and > 0; got " + fnum(p.q_scale));
+  SMLA_CHECK(std::isfinite(p.k_scale) && p.k_scale > 0, "k_scale must be finite and > 0; got " + fnum(p.k_scale));
+  {
+    // The score scale the kernels apply: softmax_scale * q_scale (* k_scale for fp8_e4m3 rows).
+    const double k = p.format == KvFormat::kFP8E4M3 ? double(p.k_scale) : 1.0;
+    const double c = double(p.softmax_scale) * double(p.q_scale) * k;
+    SMLA_CHECK(std::fabs(c) <= kMaxSoftmaxScale,
+               "softmax_scale * q_scale" + std::string(p.format == KvFormat::kFP8E4M3 ? " * k_scale" : "") +
+                   " must lie in [-1e4, 1e4]; got " + fnum(c) + ": check the scales");
+  }
   SMLA_CHECK(p.num_rows >= 0 && p.num_rows <= (int64_t(1) << 31),
              "num_rows must be in [0, 2^31] (idx is int32); got " + num(p.num_rows));
   const int rb = row_bytes(p.format, p.rope_dim);
@@ -62,6 +118,35 @@ void validate(const SparseMlaParams& p) {
              "(H-1)*head stride + 512)");
   SMLA_CHECK(p.lse == nullptr || p.lse_stride_t >= p.num_heads,
              "lse must be fp32 [T, H] with row stride >= H; got " + num(p.lse_stride_t));
+
+  // ---- outputs share no byte with an input or with each other (extents from shape and strides)
+  const int64_t T = p.num_tokens, H = p.num_heads;
+  const int qb = dtype_bytes(p.q_dtype);
+  // A fixed array, not a vector: validate() runs inside Plan::run, which never allocates.
+  std::array<Extent, 6> inputs;
+  size_t n_inputs = 0;
+  inputs[n_inputs++] = extent("q", p.q, qb, {{T, p.q_stride_t}, {H, p.q_stride_h}}, q_width);
+  inputs[n_inputs++] = extent("idx", p.idx, 4, {{T, p.idx_stride_t}}, p.topk);
+  if (p.q_rope)
+    inputs[n_inputs++] = extent("q_rope", p.q_rope, qb, {{T, p.q_rope_stride_t}, {H, p.q_rope_stride_h}}, kRopeDim);
+  if (p.num_rows > 0) inputs[n_inputs++] = extent("kv", p.kv, 1, {{p.num_rows, p.kv_row_stride_bytes}}, rb);
+  if (p.counts) inputs[n_inputs++] = extent("counts", p.counts, 4, {}, T);
+  if (p.sink) inputs[n_inputs++] = extent("sink", p.sink, 4, {}, H);
+  const Extent out = extent("out", p.out, dtype_bytes(p.out_dtype), {{T, p.out_stride_t}, {H, p.out_stride_h}}, kLatentDim);
+  for (size_t i = 0; i < n_inputs; ++i) check_disjoint(out, inputs[i]);
+  if (p.lse != nullptr && p.lse_mode != LseMode::kOff) {
+    const Extent lse = extent("lse", p.lse, 4, {{T, p.lse_stride_t}}, H);
+    check_disjoint(lse, out);
+    for (size_t i = 0; i < n_inputs; ++i) check_disjoint(lse, inputs[i]);
+  }
+}
+
+void check_host_sink(const SparseMlaParams& p) {
+  if (p.sink == nullptr) return;
+  for (int h = 0; h < p.num_heads; ++h)
+    SMLA_CHECK(!std::isnan(p.sink[h]) && p.sink[h] != INFINITY,
+               "sink[" + num(h) + "] is " + fnum(p.sink[h]) +
+                   "; sink must hold finite fp32 logits (-inf: no sink for that head)");
 }
 
 void set_dense_strides(SparseMlaParams& p) {

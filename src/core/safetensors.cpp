@@ -10,8 +10,10 @@
 #include <algorithm>
 #include <bit>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <limits>
+#include <new>
 #include <set>
 #include <nlohmann/json.hpp>
 
@@ -116,12 +118,20 @@ File parse(const uint8_t* bytes, size_t size) {
   // The JSON parser stops at a NUL byte; refuse it so nothing after it is silently ignored.
   if (std::memchr(hbegin, 0, n) != nullptr) bad("header contains a NUL byte; pad it with spaces");
 
-  // Top-level keys must be unique: a duplicate would silently shadow a tensor.
-  std::set<std::string> keys;
-  std::string duplicate;
-  const json::parser_callback_t cb = [&](int depth, json::parse_event_t ev, json& parsed) {
-    if (depth == 1 && ev == json::parse_event_t::key && !keys.insert(parsed.get<std::string>()).second)
-      duplicate = parsed.get<std::string>();
+  // Keys must be unique in every object (the top level, each tensor entry, "__metadata__"): the
+  // parser keeps the last of a repeated key, which would silently shadow the first.
+  std::vector<std::set<std::string>> open_objects;  // the keys seen in each object being parsed
+  std::string top_key, duplicate;                   // the top-level key being read; the first repeat
+  const json::parser_callback_t cb = [&](int, json::parse_event_t ev, json& parsed) {
+    if (ev == json::parse_event_t::object_start) open_objects.emplace_back();
+    else if (ev == json::parse_event_t::object_end && !open_objects.empty()) open_objects.pop_back();
+    else if (ev == json::parse_event_t::key && !open_objects.empty()) {
+      const std::string k = parsed.get<std::string>();
+      if (open_objects.size() == 1) top_key = k;
+      if (!open_objects.back().insert(k).second && duplicate.empty())
+        duplicate = open_objects.size() == 1 ? "header names '" + k + "' twice"
+                                             : "'" + top_key + "' names '" + k + "' twice";
+    }
     return true;
   };
   json header;
@@ -130,7 +140,7 @@ File parse(const uint8_t* bytes, size_t size) {
   } catch (const json::exception& e) {
     bad(std::string("header is not valid JSON: ") + e.what());
   }
-  if (!duplicate.empty()) bad("header names '" + duplicate + "' twice");
+  if (!duplicate.empty()) bad(duplicate + "; every key may appear once per object");
   if (!header.is_object()) bad("header must be a JSON object; got " + std::string(header.type_name()));
 
   File f;
@@ -171,11 +181,21 @@ File parse(const uint8_t* bytes, size_t size) {
 }
 
 File read(const std::string& path) {
+  std::error_code ec;
+  const auto status = std::filesystem::status(path, ec);
+  if (ec || !std::filesystem::exists(status)) fail("cannot open '" + path + "': no such file");
+  if (std::filesystem::is_directory(status)) fail("'" + path + "' is a directory; give a .safetensors file");
+  if (!std::filesystem::is_regular_file(status)) fail("'" + path + "' is not a regular file; give a .safetensors file");
   std::ifstream in(path, std::ios::binary | std::ios::ate);
   if (!in) fail("cannot open '" + path + "' for reading");
   const std::streamoff size = in.tellg();
   if (size < 0) fail("cannot determine the size of '" + path + "'");
-  std::vector<uint8_t> bytes(static_cast<size_t>(size));
+  std::vector<uint8_t> bytes;
+  try {
+    bytes.resize(static_cast<size_t>(size));
+  } catch (const std::bad_alloc&) {
+    fail("'" + path + "' (" + std::to_string(size) + " bytes) does not fit in memory");
+  }
   in.seekg(0);
   if (size > 0 && !in.read(reinterpret_cast<char*>(bytes.data()), size)) fail("cannot read '" + path + "'");
   try {

@@ -32,4 +32,13 @@ void token_to_request(const int32_t* query_start_loc, int num_reqs, int32_t* req
   }
 }
 
+void check_finish_empty_shapes(int64_t counts_len, int64_t out_rows, int64_t lse_rows) {
+  SMLA_CHECK(counts_len == out_rows,
+             "finish_empty_rows: counts has " + std::to_string(counts_len) + " entries but out has " +
+                 std::to_string(out_rows) + " rows; pass one count per row of out (counts int32 [T], out [T, H, 512])");
+  SMLA_CHECK(lse_rows < 0 || lse_rows == out_rows,
+             "finish_empty_rows: lse has " + std::to_string(lse_rows) + " rows but out and counts have " +
+                 std::to_string(out_rows) + "; lse must be float32 [T, H] like out's [T, H]");
+}
+
 }  // namespace smla

@@ -64,6 +64,7 @@ DeviceInfo device_info(int ordinal) {
 
 void sparse_mla_from_host(const SparseMlaParams& hp, size_t kv_bytes) {
   validate(hp);
+  check_host_sink(hp);  // host pointers: the sink values are visible here
   SMLA_CHECK(hp.out_dtype != DType::kFP32,
              "out_dtype f32 is CPU-only; the CUDA backend writes bf16 (fp16 for an fp16 q)");
   if (hp.num_tokens == 0) return;

@@ -2,6 +2,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <exception>
+#include <new>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -41,17 +44,28 @@ int active_len(const SparseMlaParams& p, int64_t t) {
   return std::clamp<int>(p.counts[t], 0, p.topk);
 }
 
-// Decodes the valid selected rows of token t (duplicates kept), [n][D] fp32.
+bool is_valid(const SparseMlaParams& p, int64_t r) { return r >= 0 && r < p.num_rows; }
+
+// Decodes the valid selected rows of token t (duplicates kept), [m][D] fp32. The buffer is sized
+// by the m valid entries, not the capacity K: a row of K = 4M entries, all -1, needs nothing.
 int gather_rows(const SparseMlaParams& p, int64_t t, std::vector<float>& rows) {
   const int D = p.head_dim();
   const int n = active_len(p, t);
   const int rb = row_bytes(p.format, p.rope_dim);
-  rows.resize(size_t(n) * D);
+  int64_t valid = 0;
+  for (int j = 0; j < n; ++j) valid += is_valid(p, p.idx[t * p.idx_stride_t + j]);
+  try {
+    rows.resize(size_t(valid) * D);
+  } catch (const std::bad_alloc&) {
+    fail("the CPU reference cannot allocate " + std::to_string(double(valid) * D * 4 / 1e9) + " GB for the " +
+         std::to_string(valid) + " valid entries of row " + std::to_string(t) +
+         "; use the CUDA backend or fewer valid entries per row");
+  }
   int m = 0;
   std::vector<uint8_t> row(static_cast<size_t>(rb));
   for (int j = 0; j < n; ++j) {
     const int64_t r = p.idx[t * p.idx_stride_t + j];
-    if (r < 0 || r >= p.num_rows) continue;  // invalid: skipped, never dereferenced
+    if (!is_valid(p, r)) continue;  // invalid: skipped, never dereferenced
     const auto* src = static_cast<const uint8_t*>(p.kv) + r * p.kv_row_stride_bytes;
     std::memcpy(row.data(), src, size_t(rb));
     decode_row(p.format, p.rope_dim, row.data(), p.k_scale, rows.data() + size_t(m) * D);
@@ -122,6 +136,20 @@ void run_rows(const SparseMlaParams& p, int64_t t0, int64_t t1) {
   }
 }
 
+// Errors pass unchanged; anything else (bad_alloc, ...) becomes one Error line.
+[[noreturn]] void rethrow_as_error(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const Error&) {
+    throw;
+  } catch (const std::bad_alloc&) {
+    throw Error("the CPU reference ran out of memory; use the CUDA backend or a smaller problem",
+                Error::Kind::kInternal);
+  } catch (const std::exception& x) {
+    throw Error(std::string("the CPU reference failed: ") + x.what(), Error::Kind::kInternal);
+  }
+}
+
 }  // namespace
 
 int sparse_mla_row_head(const SparseMlaParams& p, int64_t t, int h, double* out512, double* lse_e) {
@@ -134,22 +162,43 @@ int sparse_mla_row_head(const SparseMlaParams& p, int64_t t, int h, double* out5
 
 void sparse_mla(const SparseMlaParams& p, int num_threads) {
   validate(p);
+  check_host_sink(p);
   SMLA_CHECK(p.out_dtype == DType::kBF16 || p.out_dtype == DType::kFP16 || p.out_dtype == DType::kFP32,
              "out dtype must be bf16, fp16 or f32 on the CPU backend");
   if (p.num_tokens == 0) return;
   int n = num_threads > 0 ? num_threads : int(std::max(1u, std::thread::hardware_concurrency()));
   n = int(std::min<int64_t>(n, p.num_tokens));
   if (n == 1) {
-    run_rows(p, 0, p.num_tokens);
+    try {
+      run_rows(p, 0, p.num_tokens);
+    } catch (...) {
+      rethrow_as_error(std::current_exception());
+    }
     return;
   }
+  // An exception in a worker (an Error, or bad_alloc) is carried to the caller, never std::terminate.
   std::vector<std::thread> pool;
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(n));
   const int64_t chunk = (p.num_tokens + n - 1) / n;
-  for (int i = 0; i < n; ++i) {
-    const int64_t t0 = i * chunk, t1 = std::min(p.num_tokens, t0 + chunk);
-    if (t0 < t1) pool.emplace_back(run_rows, std::cref(p), t0, t1);
+  try {
+    for (int i = 0; i < n; ++i) {
+      const int64_t t0 = i * chunk, t1 = std::min(p.num_tokens, t0 + chunk);
+      if (t0 < t1)
+        pool.emplace_back([&p, &errors, i, t0, t1] {
+          try {
+            run_rows(p, t0, t1);
+          } catch (...) {
+            errors[size_t(i)] = std::current_exception();
+          }
+        });
+    }
+  } catch (...) {  // a thread that could not start: finish the started ones, then report
+    for (auto& th : pool) th.join();
+    rethrow_as_error(std::current_exception());
   }
   for (auto& th : pool) th.join();
+  for (const auto& e : errors)
+    if (e) rethrow_as_error(e);
 }
 
 }  // namespace smla::reference

@@ -52,7 +52,10 @@ TEST_P(DcpSim, EqualsUnshardedReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(WorldsAndInterleaves, DcpSim,
-                         ::testing::Combine(::testing::Range(1, 9), ::testing::Values(1, 64)));
+                         ::testing::Combine(::testing::Range(1, 9), ::testing::Values(1, 64)),
+                         [](const auto& i) {
+                           return "W" + std::to_string(std::get<0>(i.param)) + "_I" + std::to_string(std::get<1>(i.param));
+                         });
 
 TEST(DcpMerge, EdgeRules) {
   // Two ranks, one (t, h): rank 0 empty (-inf), rank 1 NaN LSE -> both ignored: out 0, LSE -inf.

@@ -170,6 +170,19 @@ TEST(Replay, CudaBackendWithoutCudaIsAnError) {
   EXPECT_THROW(replay(dump_of(hp), {Backend::kCuda, DType::kBF16}), Error);
 }
 
+// Issue #20: a CUDA build on a machine without a GPU says what `smla info` says.
+TEST(Replay, CudaBackendWithoutDeviceSaysNoDevice) {
+  if (!built_with_cuda()) GTEST_SKIP() << "CPU-only build (CudaBackendWithoutCudaIsAnError covers it)";
+  if (first_cuda_device().present()) GTEST_SKIP() << "a CUDA device is present";
+  smla::testing::HostProblem hp = smla::testing::make_problem(small(KvFormat::kBF16), 26);
+  try {
+    replay(dump_of(hp), {Backend::kCuda, DType::kBF16});
+    ADD_FAILURE() << "ran on the CUDA backend without a device";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no CUDA device found"), std::string::npos) << e.what();
+  }
+}
+
 // ---- refusals
 
 // A zero-filled tensor whose byte count matches dtype x shape.
@@ -308,6 +321,44 @@ TEST_F(ReplayErrors, BadMetadata) {
   d = good;
   d.metadata["rope_dim"] = "32";
   expect(d, {"'rope_dim'"});
+}
+
+// Issue #20: one strict number rule for every numeric metadata value, stated in the error.
+TEST_F(ReplayErrors, OneStrictNumberRule) {
+  for (const char* key : {"softmax_scale", "q_scale", "k_scale", "rope_dim"}) {
+    for (const char* v : {" 0.1", "0.1 ", "+0.1", "0x1p-3", ".5", "5.", "1e", "01", "1,5", "NaN", "-inf", "64\t"}) {
+      st::File d = good;
+      d.metadata[key] = v;
+      expect(d, {(std::string("'") + key + "'").c_str(), "JSON syntax"});
+    }
+  }
+  // A nonzero literal that underflows float32 to 0 is refused, not read as 0.
+  st::File d = good;
+  d.metadata["q_scale"] = "1e-50";
+  expect(d, {"'q_scale'", "rounds to 0"});
+  // Out of range: the error says the accepted range (not "must be finite").
+  for (const char* v : {"1e39", "3e38", "-10001"}) {
+    d = good;
+    d.metadata["softmax_scale"] = v;
+    expect(d, {"'softmax_scale'", "[-1e4, 1e4]"});
+  }
+  d = good;
+  d.metadata["rope_dim"] = "63";
+  expect(d, {"'rope_dim'", "64 or 0"});
+  // Accepted spellings of the same rule: exponent forms, negative zero exponent, integral floats.
+  d = good;
+  d.metadata["softmax_scale"] = "1.352338E-1";
+  d.metadata["q_scale"] = "1e0";
+  d.metadata["rope_dim"] = "64.0";
+  EXPECT_EQ(replay_error(d), "");
+}
+
+TEST_F(ReplayErrors, NonFiniteSinkRefusedMinusInfinityIsNoSink) {
+  for (float v : {NAN, INFINITY}) {
+    st::File d = good;
+    std::memcpy(d.tensors["sink"].data.data() + 4, &v, 4);
+    expect(d, {"sink[1]"});
+  }
 }
 
 }  // namespace

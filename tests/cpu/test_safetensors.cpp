@@ -255,4 +255,36 @@ TEST(Safetensors, SerializeRejectsInconsistentTensors) {
   EXPECT_THROW(st::serialize(f), Error);
 }
 
+// Issue #20: a key repeated inside a tensor entry or "__metadata__" is refused (the JSON parser
+// would keep the last one), naming where.
+TEST(Safetensors, RejectsDuplicateKeysAtEveryLevel) {
+  const std::string in_entry = R"({"a":{"dtype":"U8","shape":[1],"dtype":"I8","data_offsets":[0,1]}})";
+  EXPECT_NE(parse_error(image(in_entry, {1})).find("'a' names 'dtype' twice"), std::string::npos)
+      << parse_error(image(in_entry, {1}));
+  const std::string in_meta = R"({"__metadata__":{"format":"bf16","format":"fp16"}})";
+  EXPECT_NE(parse_error(image(in_meta, {})).find("'__metadata__' names 'format' twice"), std::string::npos)
+      << parse_error(image(in_meta, {}));
+  const std::string offsets = R"({"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1],"data_offsets":[1,2]}})";
+  EXPECT_NE(parse_error(image(offsets, {1, 2})).find("twice"), std::string::npos);
+  // The same key in two different objects is fine.
+  const std::string ok = R"({"__metadata__":{"dtype":"x"},"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}})";
+  EXPECT_EQ(parse_error(image(ok, {1})), "");
+}
+
+TEST(Safetensors, ReadRefusesDirectoriesAndMissingFiles) {
+  const std::string dir = ::testing::TempDir();
+  try {
+    st::read(dir);
+    ADD_FAILURE() << "a directory was read";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("is a directory"), std::string::npos) << e.what();
+  }
+  try {
+    st::read(dir + "/no-such-file.safetensors");
+    ADD_FAILURE() << "a missing file was read";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no such file"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace

@@ -15,6 +15,12 @@
 #include "smla/formats.h"
 #include "smla/numeric.h"
 
+// GoogleTest prints parameters in test listings: names, not 1-byte object dumps.
+namespace smla {
+inline void PrintTo(KvFormat f, std::ostream* os) { *os << to_string(f); }
+inline void PrintTo(DType t, std::ostream* os) { *os << to_string(t); }
+}  // namespace smla
+
 namespace {
 
 using namespace smla;
@@ -117,7 +123,11 @@ INSTANTIATE_TEST_SUITE_P(
     AllFormats, CacheWriter,
     ::testing::Combine(::testing::Values(KvFormat::kBF16, KvFormat::kFP16, KvFormat::kFP8E4M3, KvFormat::kFP8DsMla,
                                          KvFormat::kNvFP4DsMla),
-                       ::testing::Values(64, 0), ::testing::Values(DType::kBF16, DType::kFP16)));
+                       ::testing::Values(64, 0), ::testing::Values(DType::kBF16, DType::kFP16)),
+    [](const auto& i) {
+      return std::string(to_string(std::get<0>(i.param))) + "_rope" + std::to_string(std::get<1>(i.param)) + "_" +
+             std::string(to_string(std::get<2>(i.param)));
+    });
 
 class ConvertIndices : public ::testing::TestWithParam<std::tuple<int, int, int, bool>> {};
 
@@ -169,7 +179,11 @@ INSTANTIATE_TEST_SUITE_P(Shapes, ConvertIndices,
                          ::testing::Values(std::make_tuple(1, 1, 1, false), std::make_tuple(77, 1, 1, false),
                                            std::make_tuple(300, 2, 64, false), std::make_tuple(2048, 1, 1, false),
                                            std::make_tuple(2048, 4, 1, false), std::make_tuple(513, 8, 64, false),
-                                           std::make_tuple(300, 1, 1, true), std::make_tuple(2048, 2, 64, true)));
+                                           std::make_tuple(300, 1, 1, true), std::make_tuple(2048, 2, 64, true)),
+                         [](const auto& i) {
+                           return "K" + std::to_string(std::get<0>(i.param)) + "_W" + std::to_string(std::get<1>(i.param)) +
+                                  "_I" + std::to_string(std::get<2>(i.param)) + (std::get<3>(i.param) ? "_remap" : "");
+                         });
 
 TEST(FinishEmptyRows, OnlyEmptyRowsTouched) {
   REQUIRE_GPU();

@@ -248,6 +248,8 @@ struct Case {
   std::string name;
   ProblemSpec spec;
 };
+// GoogleTest prints a parameter in test listings: the case's name, not a dump of its bytes.
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
 const char* short_name(KvFormat f) {
   return f == KvFormat::kFP8E4M3 ? "e4m3" : f == KvFormat::kFP8DsMla ? "dsfp8" : "nvfp4";

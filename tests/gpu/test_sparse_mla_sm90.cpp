@@ -82,6 +82,8 @@ struct Case {
   std::string name;
   ProblemSpec spec;
 };
+// GoogleTest prints a parameter in test listings: the case's name, not a dump of its bytes.
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
 ProblemSpec base(int64_t T, int H, int K) {
   ProblemSpec s;

@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
+#include <string>
 
 #include "smla/api.h"
 #include "smla/formats.h"
@@ -21,17 +23,59 @@ double BenchRecord::roofline_fraction() const {
   return floor_s / (median_ms * 1e-3);
 }
 
-void print_record(const BenchRecord& r) {
+std::string format_time(double ms) {
+  // µs below a millisecond, ms below a second, else s: three or four significant digits.
+  char b[32];
+  if (ms < 1.0) std::snprintf(b, sizeof b, "%.1f µs", ms * 1e3);
+  else if (ms < 1e3) std::snprintf(b, sizeof b, "%.3f ms", ms);
+  else std::snprintf(b, sizeof b, "%.2f s", ms * 1e-3);
+  return b;
+}
+
+namespace {
+// Right-aligns s in `width` columns ("µ" is two bytes but one column).
+std::string right(const std::string& s, size_t width) {
+  size_t cols = 0;
+  for (unsigned char c : s) cols += (c & 0xc0) != 0x80;
+  return cols >= width ? s : std::string(width - cols, ' ') + s;
+}
+}  // namespace
+
+void print_header(bool with_ceilings) {
+  std::printf("%-7s %-4s %-26s %-15s %6s %4s %5s %4s %11s  %-25s %-16s %-12s%s\n", "case", "back", "kernel", "format",
+              "T", "H", "K", "D", "median", "[min, max]", "compute", "memory",
+              with_ceilings ? "  GEMM  copy  roofline (fractions of the ceilings)" : "");
+  std::fflush(stdout);
+}
+
+void print_record(const BenchRecord& r, size_t index, size_t total) {
   // The CPU backend runs at GFLOP/s and GB/s: print the unit that keeps three significant digits.
   const bool small = r.tflops() < 0.1;
-  std::printf("%-4s %-26s %-12s T=%-6lld H=%-3lld K=%-5lld D=%lld  median %9.4f ms [%8.4f, %8.4f]  %7.2f %s  %6.3f %s",
-              r.backend.c_str(), r.kernel.c_str(), r.format.c_str(), r.T, r.H, r.K, r.D, r.median_ms, r.min_ms,
-              r.max_ms, small ? r.tflops() * 1e3 : r.tflops(), small ? "GFLOP/s" : "TFLOP/s",
-              small ? r.tbps() * 1e3 : r.tbps(), small ? "GB/s" : "TB/s");
+  const std::string progress = std::to_string(index + 1) + "/" + std::to_string(total);
+  const std::string range = "[" + format_time(r.min_ms) + ", " + format_time(r.max_ms) + "]";
+  char rate[32], bw[32];
+  std::snprintf(rate, sizeof rate, "%.2f %s", small ? r.tflops() * 1e3 : r.tflops(), small ? "GFLOP/s" : "TFLOP/s");
+  std::snprintf(bw, sizeof bw, "%.3f %s", small ? r.tbps() * 1e3 : r.tbps(), small ? "GB/s" : "TB/s");
+  std::printf("%-7s %-4s %-26s %-15s %6lld %4lld %5lld %4lld %s  %s %-16s %-12s", progress.c_str(), r.backend.c_str(),
+              r.kernel.c_str(), r.format.c_str(), r.T, r.H, r.K, r.D, right(format_time(r.median_ms), 11).c_str(),
+              (range + std::string(range.size() < 26 ? 26 - range.size() : 0, ' ')).c_str(), rate, bw);
   if (r.gemm_tflops > 0)
-    std::printf("  %.2f of GEMM  %.2f of copy  roofline %.2f", r.tflops() / r.gemm_tflops, r.tbps() / r.copy_tbps,
-                r.roofline_fraction());
-  std::printf("\n      repro: %s\n", r.repro.c_str());
+    std::printf("  %.2f  %.2f  %.2f", r.tflops() / r.gemm_tflops, r.tbps() / r.copy_tbps, r.roofline_fraction());
+  std::printf("\n        repro: %s\n", r.repro.c_str());
+  std::fflush(stdout);  // a long run shows each case as it finishes
+}
+
+void check_json_path(const Args& a) {
+  if (!a.has("json")) return;
+  const std::string path = a.get("json", "");
+  SMLA_CHECK(!path.empty(), "--json needs a file name");
+  const bool existed = std::filesystem::exists(path);
+  SMLA_CHECK(!std::filesystem::is_directory(path), "--json '" + path + "' is a directory; give a file name");
+  {
+    std::ofstream f(path, std::ios::app);
+    SMLA_CHECK(f.good(), "cannot write --json file '" + path + "' (checked before the run): does its directory exist?");
+  }
+  if (!existed) std::filesystem::remove(path);
 }
 
 void write_json(const std::string& path, const std::vector<BenchRecord>& recs, const std::string& device,
@@ -55,15 +99,16 @@ void write_json(const std::string& path, const std::vector<BenchRecord>& recs, c
 namespace {
 
 int bench_cpu(const Args& a) {
-  const auto Ts = a.get_ints("T", {4});
-  const auto Hs = a.get_ints("heads", {16});
-  const int K = int(a.get_int("topk", 256));
+  const auto Ts = a.get_ints("T", {4}, 1, 1 << 20);
+  const auto Hs = a.get_ints("heads", {16}, 1, 1 << 12);
+  const int K = int(a.get_int("topk", 256, 1, 1 << 20));
   const KvFormat fmt = parse_kv_format(a.get("format", "bf16"));
-  const int reps = int(a.get_int("reps", 3));
+  const int reps = int(a.get_int("reps", 3, 1, 1 << 20));
   const bool q_e4m3 = a.get("q", "") == "e4m3";
   SMLA_CHECK(!q_e4m3 || fmt == KvFormat::kFP8E4M3 || fmt == KvFormat::kFP8DsMla,
              "--q e4m3 needs --format fp8_e4m3 or fp8_ds_mla");
   std::vector<BenchRecord> recs;
+  print_header(false);
   for (long long H : Hs)
     for (long long T : Ts) {
       testing::ProblemSpec s;
@@ -88,7 +133,7 @@ int bench_cpu(const Args& a) {
       r.bytes = r.valid_entries * r.row_bytes;
       r.repro = "smla bench --backend cpu --format " + std::string(to_string(fmt)) + (q_e4m3 ? " --q e4m3" : "") + " --heads " + std::to_string(H) + " --T " +
                 std::to_string(T) + " --topk " + std::to_string(K);
-      print_record(r);
+      print_record(r, recs.size(), Hs.size() * Ts.size());
       recs.push_back(r);
     }
   if (a.has("json")) write_json(a.get("json", ""), recs, "cpu", 0, 0);
@@ -98,25 +143,43 @@ int bench_cpu(const Args& a) {
 }  // namespace
 
 int cmd_bench(const Args& a) {
+  // Every flag given is used by the chosen path, or refused (never silently ignored).
+  SMLA_CHECK(!a.has("q") || a.get("q", "") == "e4m3",
+             "--q must be e4m3 (without it q is bf16, or fp16 for an fp16 cache); got '" + a.get("q", "") + "'");
   if (a.has("dcp")) {
+    for (const auto& kv : a.kv) {
+      const std::string& key = kv.first;
+      SMLA_CHECK(key == "dcp" || key == "T" || key == "heads" || key == "topk" || key == "reps" || key == "rows",
+                 "--" + key + " has no effect with --dcp (it reads --T, --heads, --topk, --reps and --rows)");
+    }
 #if SMLA_HAVE_NCCL
     return bench_dcp(a);
 #else
     fail("this build has no NCCL: smla bench --dcp is not available");
 #endif
   }
+  SMLA_CHECK(!a.has("rows"), "--rows is read only with --dcp W (the DCP request's KV rows)");
   std::string backend = a.get("backend", "");
   if (backend.empty()) backend = first_cuda_device().present() && built_with_cuda() ? "cuda" : "cpu";
   if (parse_backend(backend) == Backend::kCuda) {
+    // Same words as smla info: the build, then the device (never a driver message from deep inside).
+    const Support s = backend_support(Backend::kCuda, Geometry{});
+    SMLA_CHECK(s.ok(), "--backend cuda: " + s.reason);
+    check_json_path(a);
 #if SMLA_HAVE_CUDA
     return bench_cuda(a);
 #else
     fail("this build has no CUDA backend; run smla bench --backend cpu");
 #endif
   }
+  for (const char* k : {"dim", "pool", "splits", "phases", "graph"})
+    SMLA_CHECK(!a.has(k), std::string("--") + k +
+                              " applies to the CUDA backend only; the CPU benchmark does not use it (drop it, or run "
+                              "--backend cuda on an SM90 GPU)");
+  check_json_path(a);
   if (!a.has("backend"))
-    std::printf("smla bench: no usable CUDA device (%s); running the CPU reference backend on a small default "
-                "(H=16, T=4, K=256, bf16). The DeepSeek-V3.2 geometry (H=128/16, K=2048) needs the GPU.\n",
+    std::printf("smla bench: no usable CUDA device (%s); running the CPU reference backend (defaults H=16, T=4, "
+                "K=256, bf16). The DeepSeek-V3.2 geometry (H=128/16, K=2048) needs the GPU.\n",
                 built_with_cuda() ? "none found" : "CUDA backend not built");
   return bench_cpu(a);
 }

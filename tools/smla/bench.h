@@ -23,7 +23,14 @@ struct BenchRecord {
   double roofline_fraction() const;
 };
 
-void print_record(const BenchRecord& r);
+// "812.3 µs", "12.345 ms", "1.23 s": the unit that fits.
+std::string format_time(double ms);
+// The column names, printed once before the first record (with_ceilings: the GPU's fraction columns).
+void print_header(bool with_ceilings);
+// One case, flushed at once: "index+1/total" first, so a long run shows its progress.
+void print_record(const BenchRecord& r, size_t index, size_t total);
+// --json FILE: refuses a path that cannot be written, before anything runs.
+void check_json_path(const Args& a);
 void write_json(const std::string& path, const std::vector<BenchRecord>& recs, const std::string& device,
                 double gemm_tflops, double copy_tbps);
 

@@ -174,16 +174,16 @@ void print_phases(const std::vector<uint64_t>& w) {
 }  // namespace
 
 int bench_cuda(const Args& a) {
-  const auto Ts = a.get_ints("T", {1, 32, 128, 512, 4096});
-  const auto Hs = a.get_ints("heads", {128, 64, 32, 16, 8});
-  const int K = int(a.get_int("topk", 2048));
-  const int D = int(a.get_int("dim", 576));
-  const int reps = std::max(20, int(a.get_int("reps", 30)));
+  const auto Ts = a.get_ints("T", {1, 32, 128, 512, 4096}, 1, 1 << 22);
+  const auto Hs = a.get_ints("heads", {128, 64, 32, 16, 8}, 1, kMaxNativeHeads);
+  const int K = int(a.get_int("topk", 2048, 1, 1 << 20));
+  const int D = int(a.get_int("dim", 576, 512, 576));
+  const int reps = int(a.get_int("reps", 30, 20, 1 << 20));  // >= 20: the spread needs the samples
   const int warmup = 3;
-  const int64_t pool_rows = a.get_int("pool", 1 << 20);
+  const int64_t pool_rows = a.get_int("pool", 1 << 20, 1, int64_t(1) << 31);
   // --splits N: every case with N top-k splits instead of the launcher's choice (A/B of the split
   // cost model, plan.h); 0 or absent: the launcher chooses.
-  const int forced_splits = int(a.get_int("splits", 0));
+  const int forced_splits = int(a.get_int("splits", 0, 0, kMaxSplits));
   SMLA_CHECK(forced_splits >= 0 && forced_splits <= kMaxSplits,
              "--splits must be in [0, " + std::to_string(kMaxSplits) + "] (0: the launcher chooses)");
   // --phases: stamp kernels around each call and phase stamps inside (adds two tiny launches to
@@ -205,6 +205,8 @@ int bench_cuda(const Args& a) {
   cudaStream_t s;
   ck(cudaStreamCreate(&s), "stream");
 
+  std::printf("measuring the ceilings (cuBLAS bf16 GEMM, device-to-device copy) ...\n");
+  std::fflush(stdout);
   const double gemm = measure_gemm_tflops(s);
   const double copy = measure_copy_tbps(s);
   std::printf("device %s (%d SMs): cuBLAS bf16 GEMM %.1f TFLOP/s, D2D copy %.3f TB/s (read + write)\n",
@@ -221,6 +223,7 @@ int bench_cuda(const Args& a) {
 
   std::vector<BenchRecord> recs;
   uint64_t seed = 100;
+  print_header(true);
   for (long long H : Hs)
     for (long long T : Ts) {
       // Index sets rotate so that a small case does not find its rows in L2 from the last rep.
@@ -275,7 +278,7 @@ int bench_cuda(const Args& a) {
       r.repro = "smla bench --format " + std::string(to_string(fmt)) + (q_e4m3 ? " --q e4m3" : "") + " --heads " + std::to_string(H) + " --T " + std::to_string(T) +
                 " --topk " + std::to_string(K) + " --dim " + std::to_string(D) +
                 (forced_splits > 0 ? " --splits " + std::to_string(forced_splits) : "");
-      print_record(r);
+      print_record(r, recs.size(), Hs.size() * Ts.size());
       if (phases) {
         std::vector<uint64_t> words(size_t(cuda::phase::kWords));
         ck(cudaMemcpy(words.data(), phase_buf, words.size() * 8, cudaMemcpyDeviceToHost), "phase read");

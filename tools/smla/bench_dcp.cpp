@@ -154,12 +154,12 @@ int rank_main(const Setup& su, int rank, const std::vector<uint8_t>& id) {
 
 int bench_dcp(const Args& a) {
   Setup su;
-  su.world = int(a.get_int("dcp", 2));
-  su.topk = int(a.get_int("topk", 2048));
-  su.reps = int(a.get_int("reps", 20));
-  su.total_rows = a.get_int("rows", 1 << 21);
-  const auto Ts = a.get_ints("T", {1, 32, 128});
-  const auto Hs = a.get_ints("heads", {128});
+  su.world = int(a.get_int("dcp", 2, 1, 64));
+  su.topk = int(a.get_int("topk", 2048, 1, 1 << 20));
+  su.reps = int(a.get_int("reps", 20, 1, 1 << 20));
+  su.total_rows = a.get_int("rows", 1 << 21, 1, int64_t(1) << 31);
+  const auto Ts = a.get_ints("T", {1, 32, 128}, 1, 1 << 22);
+  const auto Hs = a.get_ints("heads", {128}, 1, 1 << 12);
   int failed = 0;
   for (long long H : Hs)
     for (long long T : Ts) {

@@ -9,11 +9,11 @@ namespace smla::cli {
 
 int cmd_info(const Args& a) {
   Geometry g;
-  g.num_heads = int(a.get_int("heads", 128));
+  g.num_heads = int(a.get_int("heads", 128, 1, 1 << 20));
   g.format = parse_kv_format(a.get("format", "bf16"));
   g.q_dtype = parse_dtype(a.get("q-dtype", g.format == KvFormat::kFP16 ? "fp16" : "bf16"));
-  g.topk = int(a.get_int("topk", 2048));
-  g.rope_dim = int(a.get_int("rope-dim", 64));
+  g.topk = int(a.get_int("topk", 2048, 0, 1 << 30));  // 0 reaches the support check, which says why
+  g.rope_dim = int(a.get_int("rope-dim", 64, 0, 1 << 20));
   g.sink = a.has("sink");
 
   std::printf("smla %s  (C++20; CUDA backend: %s)\n", "0.1.0", built_with_cuda() ? "built (sm_90a)" : "not built");
@@ -27,7 +27,9 @@ int cmd_info(const Args& a) {
               std::string(to_string(g.format)).c_str(),
               (g.rope_dim == 0 || g.rope_dim == 64) ? row_bytes(g.format, g.rope_dim) : 0,
               std::string(to_string(g.q_dtype)).c_str(), g.topk, g.sink ? "on" : "off");
-  if (built_with_cuda()) std::printf("  kernel on an SM90 GPU: %s\n", cuda_kernel_for(g).c_str());
+  // A geometry no backend can run names no kernel, and info exits 1.
+  const bool runnable = support_common(g).ok();
+  if (built_with_cuda() && runnable) std::printf("  kernel on an SM90 GPU: %s\n", cuda_kernel_for(g).c_str());
   for (Backend b : {Backend::kCuda, Backend::kCpu}) {
     const Support s = backend_support(b, g);
     if (s.ok())
@@ -37,7 +39,7 @@ int cmd_info(const Args& a) {
     else
       std::printf("  %-4s: cannot run: %s\n", std::string(to_string(b)).c_str(), s.reason.c_str());
   }
-  return 0;
+  return runnable ? 0 : 1;
 }
 
 }  // namespace smla::cli

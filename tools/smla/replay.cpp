@@ -10,16 +10,8 @@
 namespace smla::cli {
 
 int cmd_replay(const Args& a) {
-  for (const auto& [key, value] : a.kv) {
-    (void)value;
-    if (key != "backend" && key != "out" && key != "out-dtype")
-      fail("unknown option --" + key + "; usage: smla replay DUMP.safetensors [--backend cpu|cuda] --out "
-           "RESULT.safetensors [--out-dtype bf16|f32]");
-  }
-  if (a.positional.size() != 1)
-    fail("expected exactly one dump file (DUMP.safetensors); got " + std::to_string(a.positional.size()));
-  if (!a.has("out") || a.get("out", "").empty() || a.get("out", "") == "1")
-    fail("--out RESULT.safetensors is required");
+  // Options and the one positional were checked against the grammar in cli.cpp.
+  if (a.get("out", "").empty()) fail("--out RESULT.safetensors is required; see smla replay --help");
   ReplayOptions opt;
   opt.backend = parse_backend(a.get("backend", "cpu"));
   const std::string od = a.get("out-dtype", "bf16");
