@@ -1,7 +1,7 @@
 #include <string>
 
+#include "reference/sparse_mla.h"
 #include "smla/api.h"
-#include "smla/reference.h"
 #if SMLA_HAVE_CUDA
 #include "smla/cuda.h"
 #endif
@@ -24,12 +24,16 @@ bool built_with_cuda() {
 #endif
 }
 
-DeviceInfo first_cuda_device() {
+DeviceInfo cuda_device(int ordinal) {
 #if SMLA_HAVE_CUDA
-  if (cuda::device_count() > 0) return cuda::device_info(0);
+  if (ordinal >= 0 && ordinal < cuda::device_count()) return cuda::device_info(ordinal);
+#else
+  (void)ordinal;
 #endif
   return {};
 }
+
+DeviceInfo first_cuda_device() { return cuda_device(0); }
 
 Geometry geometry_of(const SparseMlaParams& p) {
   Geometry g;
@@ -53,9 +57,9 @@ std::string cuda_kernel_for(const Geometry& g) {
   return name;
 }
 
-Support backend_support(Backend backend, const Geometry& g) {
+Support backend_support(Backend backend, const Geometry& g, int device) {
   if (backend == Backend::kCpu) return support_cpu(g);
-  return support_cuda(g, first_cuda_device(), built_with_cuda());
+  return support_cuda(g, cuda_device(device), built_with_cuda());
 }
 
 void run_host(Backend backend, const SparseMlaParams& p, size_t kv_bytes) {

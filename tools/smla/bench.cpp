@@ -7,10 +7,10 @@
 #include <cstdio>
 #include <fstream>
 
+#include "devtools/testing.h"
+#include "reference/sparse_mla.h"
 #include "smla/api.h"
 #include "smla/formats.h"
-#include "smla/reference.h"
-#include "smla/testing.h"
 
 namespace smla::cli {
 
