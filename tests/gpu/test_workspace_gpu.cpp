@@ -54,11 +54,11 @@ TEST(WorkspaceGpu, PlanForAMissingDeviceIsRefused) {
 // matches the reference.
 TEST(WorkspaceGpu, SplitLaunchStaysInsideItsLayout) {
   REQUIRE_GPU();
-  testing::ProblemSpec s;
+  smla::testing::ProblemSpec s;
   s.num_tokens = 3, s.num_heads = 64, s.topk = 1000, s.num_rows = 4096;
   const uint64_t seed = fresh_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
-  auto hp = testing::make_problem(s, seed);
+  auto hp = smla::testing::make_problem(s, seed);
   constexpr int kSplits = 4;
   const SparseMlaWorkspace layout = sparse_mla_workspace(s.num_tokens, s.num_heads, kSplits);
   ASSERT_GT(layout.part_lse.bytes, 0u);
@@ -104,8 +104,8 @@ TEST(WorkspaceGpu, SplitLaunchStaysInsideItsLayout) {
       << "partial outputs not where the layout puts them";
 
   std::vector<double> ref_out, ref_lse;
-  testing::reference_double(hp, ref_out, ref_lse);
-  const auto d = testing::compare(hp, ref_out, ref_lse);
+  smla::testing::reference_double(hp, ref_out, ref_lse);
+  const auto d = smla::testing::compare(hp, ref_out, ref_lse);
   EXPECT_EQ(d.nonfinite, 0);
   EXPECT_LE(d.rel_l2, 1e-2);
   EXPECT_LE(d.lse_max_abs, 1e-3);
