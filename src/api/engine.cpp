@@ -5,7 +5,6 @@
 
 #include "reference/sparse_mla.h"
 #include "smla/plan.h"
-#include "smla/workspace.h"
 #if SMLA_HAVE_CUDA
 #include "smla/cuda.h"
 #endif
@@ -47,8 +46,7 @@ Plan::Plan(const PlanConfig& cfg) : cfg_(cfg) {
       sc.num_splits = cfg.batch_invariant ? batch_invariant_splits(cfg.geometry.topk)
                                           : cuda::sparse_mla_auto_splits(p, num_sms_);
       // Scratch of the bucket's largest run (every T in the bucket uses this split).
-      workspace_bytes_ =
-          std::max(workspace_bytes_, sparse_mla_workspace(b, cfg.geometry.num_heads, sc.num_splits).bytes);
+      workspace_bytes_ = std::max(workspace_bytes_, split_workspace_bytes(b, cfg.geometry.num_heads, sc.num_splits));
     }
 #endif
     schedules_.push_back(sc);

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "smla/workspace.h"
+
 namespace smla {
 
 int choose_num_splits(int64_t num_tokens, int blocks_per_row, int topk, int num_sms) {
@@ -23,6 +25,10 @@ int choose_num_splits(int64_t num_tokens, int blocks_per_row, int topk, int num_
     if (cost < best_cost) best = int(s), best_cost = cost;  // fewest splits on a tie
   }
   return best;
+}
+
+size_t split_workspace_bytes(int64_t num_tokens, int num_heads, int splits) {
+  return sparse_mla_workspace(num_tokens, num_heads, splits).bytes;
 }
 
 int batch_invariant_splits(int topk) {

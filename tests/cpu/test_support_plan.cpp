@@ -165,6 +165,16 @@ TEST(Plan, ChooseNumSplitsBounds) {
         }
 }
 
+TEST(Plan, SplitWorkspaceBytes) {
+  EXPECT_EQ(smla::split_workspace_bytes(1, 1, 1), 0u);
+  EXPECT_EQ(smla::split_workspace_bytes(100, 128, 1), 0u);
+  EXPECT_EQ(smla::split_workspace_bytes(0, 128, 8), 0u);
+  EXPECT_EQ(smla::split_workspace_bytes(1, 1, 2), 4352u);         // 2 * 513 * 4 = 4104 -> 17 * 256
+  EXPECT_EQ(smla::split_workspace_bytes(3, 3, 3), 55552u);        // 27 * 2052 = 55404 -> 217 * 256
+  EXPECT_EQ(smla::split_workspace_bytes(4, 128, 8), 8404992u);    // 4096 * 2052, already a multiple of 256
+  EXPECT_EQ(smla::split_workspace_bytes(65536, 128, 32), size_t(65536) * 128 * 32 * 2052);  // no int overflow
+}
+
 TEST(Plan, RowBucket) {
   EXPECT_EQ(smla::row_bucket(0), 0);
   EXPECT_EQ(smla::row_bucket(-5), 0);

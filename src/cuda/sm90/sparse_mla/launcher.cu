@@ -161,7 +161,7 @@ std::string sparse_mla_variant(const SparseMlaParams& p) {
 
 size_t sparse_mla_workspace_bytes(const SparseMlaParams& p, int num_sms, int num_splits) {
   if (p.num_tokens <= 0) return 0;
-  return sparse_mla_workspace(p.num_tokens, p.num_heads, num_splits > 0 ? num_splits : num_splits_for(p, num_sms)).bytes;
+  return split_workspace_bytes(p.num_tokens, p.num_heads, num_splits > 0 ? num_splits : num_splits_for(p, num_sms));
 }
 
 void sparse_mla(const SparseMlaParams& p, void* workspace, size_t workspace_bytes, void* stream, int num_splits) {
@@ -172,8 +172,7 @@ void sparse_mla(const SparseMlaParams& p, void* workspace, size_t workspace_byte
   if (p.num_tokens == 0) return;  // empty problem: nothing to launch
 
   const int splits = num_splits > 0 ? num_splits : num_splits_for(p, current_num_sms());
-  const SparseMlaWorkspace layout = sparse_mla_workspace(p.num_tokens, p.num_heads, splits);  // smla/workspace.h
-  const size_t need = layout.bytes;
+  const size_t need = split_workspace_bytes(p.num_tokens, p.num_heads, splits);
   SMLA_CHECK(workspace_bytes >= need && (need == 0 || workspace != nullptr),
              "workspace too small: this launch splits the top-k " + std::to_string(splits) + " ways and needs " +
                  std::to_string(need) + " bytes (sparse_mla_workspace_bytes); got " + std::to_string(workspace_bytes));
@@ -220,7 +219,8 @@ void sparse_mla(const SparseMlaParams& p, void* workspace, size_t workspace_byte
   kp.lse = p.lse_mode == LseMode::kOff ? nullptr : p.lse;
   kp.lse_stride_t = p.lse_stride_t;
   kp.lse_base2 = p.lse_mode == LseMode::kBase2;
-  if (splits > 1) {  // carved as sparse_mla_workspace lays it out
+  if (splits > 1) {  // carved as smla/workspace.h lays it out (need above is its total)
+    const SparseMlaWorkspace layout = sparse_mla_workspace(p.num_tokens, p.num_heads, splits);
     kp.part_out = reinterpret_cast<float*>(static_cast<uint8_t*>(workspace) + layout.part_out.offset);
     kp.part_lse = reinterpret_cast<float*>(static_cast<uint8_t*>(workspace) + layout.part_lse.offset);
   }
