@@ -16,12 +16,13 @@ Backend parse_backend(std::string_view name);  // "cpu" | "cuda"
 
 // Whether this build has the CUDA backend compiled in.
 bool built_with_cuda();
-// Properties of CUDA device `ordinal`, or an empty DeviceInfo (present() false) when this build
-// has no CUDA backend or there is no such device.
+// First CUDA device's properties, or an empty DeviceInfo (present() false) when none.
+DeviceInfo first_cuda_device();
+// CUDA device `ordinal`'s properties (queried once per process), or an empty DeviceInfo when the
+// build has no CUDA backend or there is no such device.
 DeviceInfo cuda_device(int ordinal);
-DeviceInfo first_cuda_device();  // cuda_device(0)
 
-// Why `backend` cannot run g here (the CUDA backend: on device `device`), or OK.
+// Why `backend` cannot run g here (on CUDA device `device`), or OK.
 Support backend_support(Backend backend, const Geometry& g, int device = 0);
 Geometry geometry_of(const SparseMlaParams& p);
 // The CUDA kernel a problem of geometry g runs on, "<format>_d<D>/<variant>" (variant after the

@@ -24,8 +24,7 @@ int sparse_mla_auto_splits(const SparseMlaParams& p, int num_sms);
 // switches of the launcher (README). For labels and logs.
 std::string sparse_mla_variant(const SparseMlaParams& p);
 
-// Workspace bytes a launch of p needs with `num_splits` pieces per row (0: the automatic choice):
-// sparse_mla_workspace(T, H, splits).bytes of smla/workspace.h, the layout sparse_mla carves.
+// Workspace bytes a launch of p needs with `num_splits` pieces per row (0: the automatic choice).
 size_t sparse_mla_workspace_bytes(const SparseMlaParams& p, int num_sms, int num_splits = 0);
 
 // Launches DESIGN.md §1 on `stream`. Every pointer in p is a device pointer. Validates p on the

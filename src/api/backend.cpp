@@ -1,3 +1,5 @@
+#include <map>
+#include <mutex>
 #include <string>
 
 #include "reference/sparse_mla.h"
@@ -24,16 +26,25 @@ bool built_with_cuda() {
 #endif
 }
 
+DeviceInfo first_cuda_device() { return cuda_device(0); }
+
 DeviceInfo cuda_device(int ordinal) {
 #if SMLA_HAVE_CUDA
-  if (ordinal >= 0 && ordinal < cuda::device_count()) return cuda::device_info(ordinal);
+  // cudaGetDeviceProperties is slow: one query per device per process.
+  static std::mutex mu;
+  static std::map<int, DeviceInfo> infos;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = infos.find(ordinal);
+  if (it != infos.end()) return it->second;
+  DeviceInfo d;
+  if (ordinal >= 0 && ordinal < cuda::device_count()) d = cuda::device_info(ordinal);
+  infos.emplace(ordinal, d);
+  return d;
 #else
   (void)ordinal;
-#endif
   return {};
+#endif
 }
-
-DeviceInfo first_cuda_device() { return cuda_device(0); }
 
 Geometry geometry_of(const SparseMlaParams& p) {
   Geometry g;

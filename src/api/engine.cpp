@@ -18,8 +18,6 @@ Plan::Plan(const PlanConfig& cfg) : cfg_(cfg) {
   SMLA_CHECK(cfg.max_rows >= 1, "PlanConfig.max_rows must be >= 1; got " + s(cfg.max_rows));
   for (int64_t g : cfg.graph_sizes)
     SMLA_CHECK(g >= 1 && g <= cfg.max_rows, "graph size " + s(g) + " must be in [1, max_rows = " + s(cfg.max_rows) + "]");
-  SMLA_CHECK(cfg.backend == Backend::kCpu || cfg.device >= 0,
-             "PlanConfig.device must be a CUDA device ordinal >= 0; got " + s(cfg.device));
   const Support sup = backend_support(cfg.backend, cfg.geometry, cfg.device);
   if (!sup.ok()) fail_unsupported(sup.reason);
 
