@@ -85,7 +85,8 @@ std::set<std::string> public_headers() {
 // to a higher layer (reference through the API, CUDA entry points, dist, the umbrella and C ABI).
 const std::set<std::string> kCoreHeaders = {"smla/types.h",  "smla/numeric.h", "smla/formats.h",  "smla/state.h",
                                             "smla/index.h",  "smla/plan.h",    "smla/support.h",  "smla/params.h",
-                                            "smla/cache.h",  "smla/serving.h", "smla/workspace.h"};
+                                            "smla/cache.h",  "smla/serving.h", "smla/workspace.h",
+                                            "smla/tiered.h"};
 
 // target -> the targets and libraries it links directly, as CMake saw them (tests/CMakeLists.txt).
 std::map<std::string, std::vector<std::string>> read_links() {
