@@ -18,9 +18,12 @@ Backend parse_backend(std::string_view name);  // "cpu" | "cuda"
 bool built_with_cuda();
 // First CUDA device's properties, or an empty DeviceInfo (present() false) when none.
 DeviceInfo first_cuda_device();
+// CUDA device `ordinal`'s properties (queried once per process), or an empty DeviceInfo when the
+// build has no CUDA backend or there is no such device.
+DeviceInfo cuda_device(int ordinal);
 
-// Why `backend` cannot run g here, or OK.
-Support backend_support(Backend backend, const Geometry& g);
+// Why `backend` cannot run g here (on CUDA device `device`), or OK.
+Support backend_support(Backend backend, const Geometry& g, int device = 0);
 Geometry geometry_of(const SparseMlaParams& p);
 // The CUDA kernel a problem of geometry g runs on, "<format>_d<D>/<variant>" (variant after the
 // launcher's SMLA_SM90_* switches, e.g. "bf16_d576/h64.ws"); the format part alone without CUDA.

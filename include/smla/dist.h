@@ -4,13 +4,14 @@
 // (compacted, counted), all-gather q across heads, sparse attention with LSE for the gathered
 // H_l * W heads on the local shard, then merge across ranks: all-gather of the LSEs + a
 // reduce-scatter of the weighted outputs over heads, or one all-to-all carrying out and LSE.
-// Buffers are allocated once by the constructor, so step() allocates nothing, never
-// synchronizes, and can be captured in a CUDA graph. NCCL types stay out of this header: the
-// communicator travels as void* (an ncclComm_t).
+// The attention runs through a Plan (smla/engine.h), made once by the constructor; the step
+// buffers live in a workspace the caller owns (workspace_bytes(), laid out by dcp_workspace() of
+// smla/workspace.h), so step() allocates nothing, never synchronizes, and can be captured in a
+// CUDA graph. NCCL types stay out of this header: the communicator travels as void* (an ncclComm_t).
+// Everything runs on the communicator's CUDA device, whichever device is current.
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <vector>
 
@@ -52,19 +53,26 @@ struct DcpStepArgs {
 
 class Dcp {
  public:
-  // comm: an ncclComm_t of `cfg.world` ranks in which this process is `cfg.rank`. Allocates the
-  // step buffers on the current device.
+  // comm: an ncclComm_t of `cfg.world` ranks in which this process is `cfg.rank`. Checks the config
+  // against the communicator and plans the attention for the communicator's device; allocates no
+  // device memory.
   Dcp(void* nccl_comm, const DcpConfig& cfg);
   ~Dcp();
   Dcp(const Dcp&) = delete;
   Dcp& operator=(const Dcp&) = delete;
 
   const DcpConfig& config() const;
-  // Bytes of device memory the step buffers hold.
-  size_t buffer_bytes() const;
+  // The CUDA device of the communicator (ncclCommCuDevice): the device of step()'s workspace,
+  // arguments and stream.
+  int device() const;
+  // Bytes of device workspace step() needs: dcp_workspace(...).bytes of smla/workspace.h, the
+  // attention plan's workspace included.
+  size_t workspace_bytes() const;
 
-  // One decode step on `stream` (a cudaStream_t). Validates on the host first.
-  void step(const DcpStepArgs& args, void* stream);
+  // One decode step on `stream` (a cudaStream_t of device()). workspace: at least
+  // workspace_bytes() bytes of device memory, 16-byte aligned, used by nothing else until the step
+  // has run (steps on one stream may share it). Validates on the host before enqueuing anything.
+  void step(const DcpStepArgs& args, void* workspace, size_t workspace_bytes, void* stream);
 
   // Waits for `stream`. If NCCL reports an asynchronous error or the stream has not finished
   // within timeout_ms (a rank stopped taking part), aborts the communicator and throws Error.
@@ -90,11 +98,5 @@ std::vector<uint8_t> make_unique_id();
 void* make_comm(const std::vector<uint8_t>& unique_id, int world, int rank, int timeout_ms = 60000,
                 bool nonblocking = true);
 void destroy_comm(void* comm);
-
-// Runs fn(rank, unique_id) in `world` child processes, one per GPU (fork; the parent never
-// initializes CUDA, so call this before any CUDA work in the process). Each child's return value is
-// its exit code. Returns the number of ranks that failed, or -1 when fewer than `world` GPUs are
-// visible (nothing is run then).
-int run_ranks(int world, const std::function<int(int rank, const std::vector<uint8_t>& unique_id)>& fn);
 
 }  // namespace smla::dist

@@ -24,7 +24,8 @@ struct PlanConfig {
   std::vector<int64_t> graph_sizes;   // the engine's CUDA-graph batch sizes (extra buckets)
   bool batch_invariant = false;       // a row's output independent of the batch around it
   Backend backend = Backend::kCuda;
-  int device = 0;
+  int device = 0;                     // CUDA device the plan is made for (its SM count sets the splits);
+                                      // run() launches on the current device, which must be this one
 };
 
 // The schedule of one row-count bucket.

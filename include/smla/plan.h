@@ -21,7 +21,8 @@ inline constexpr int kMaxSplits = 32;
 int choose_num_splits(int64_t num_tokens, int blocks_per_row, int topk, int num_sms);
 
 // Bytes of split-K scratch: per (row, head, split) 512 fp32 partial outputs and one fp32 LSE,
-// rounded up to 256 bytes. 0 when splits == 1.
+// rounded up to 256 bytes. 0 when splits == 1. = sparse_mla_workspace(...).bytes of smla/workspace.h,
+// the layout that also gives each part's offset.
 size_t split_workspace_bytes(int64_t num_tokens, int num_heads, int splits);
 
 // Batch-invariant mode: every row's top-k is cut into pieces of kBatchInvariantChunk entries

@@ -23,6 +23,10 @@
 #include <string>
 #include <vector>
 
+#include "tensors.h"
+#include "devtools/replay.h"
+#include "devtools/safetensors.h"
+#include "reference/sparse_mla.h"
 #include "smla/api.h"
 #include "smla/cache.h"
 #include "smla/dcp.h"
@@ -30,12 +34,8 @@
 #include "smla/formats.h"
 #include "smla/index.h"
 #include "smla/numeric.h"
-#include "smla/reference.h"
-#include "smla/replay.h"
-#include "smla/safetensors.h"
 #include "smla/serving.h"
 #include "smla/support.h"
-#include "tensors.h"
 #if SMLA_HAVE_CUDA
 #include <cuda_runtime.h>
 

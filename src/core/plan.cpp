@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "smla/workspace.h"
+
 namespace smla {
 
 int choose_num_splits(int64_t num_tokens, int blocks_per_row, int topk, int num_sms) {
@@ -26,9 +28,7 @@ int choose_num_splits(int64_t num_tokens, int blocks_per_row, int topk, int num_
 }
 
 size_t split_workspace_bytes(int64_t num_tokens, int num_heads, int splits) {
-  if (splits <= 1 || num_tokens <= 0) return 0;
-  const size_t bytes = size_t(num_tokens) * size_t(num_heads) * size_t(splits) * (512 + 1) * sizeof(float);
-  return (bytes + 255) / 256 * 256;
+  return sparse_mla_workspace(num_tokens, num_heads, splits).bytes;
 }
 
 int batch_invariant_splits(int topk) {

@@ -1,7 +1,7 @@
 # The CUDA manifest: every translation unit of the CUDA layer, one per kernel instantiation.
 set(SMLA_CUDA_SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/runtime.cu
-  ${CMAKE_CURRENT_LIST_DIR}/common/bench_support.cu  # benchmark data made on the device, GPU sleep
+  ${CMAKE_CURRENT_LIST_DIR}/common/phase.cu  # the phase-timing buffer of `smla bench --phases`
   # SM90 sparse MLA: launcher, split merge, (element type x head tile) for 16-bit caches
   ${CMAKE_CURRENT_LIST_DIR}/sm90/sparse_mla/launcher.cu
   ${CMAKE_CURRENT_LIST_DIR}/sm90/sparse_mla/combine.cu

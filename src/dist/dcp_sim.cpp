@@ -5,10 +5,10 @@
 #include <numeric>
 #include <vector>
 
+#include "reference/sparse_mla.h"
 #include "smla/dcp.h"
 #include "smla/formats.h"
 #include "smla/index.h"
-#include "smla/reference.h"
 #include "smla/state.h"
 
 namespace smla::dcp {

@@ -18,13 +18,14 @@
 #include <string>
 #include <thread>
 
-#include "smla/cuda.h"
 #include "smla/cuda_serving.h"
 #include "smla/dist.h"
+#include "smla/engine.h"
 #include "smla/formats.h"
 #include "smla/numeric.h"
 #include "smla/params.h"
 #include "smla/state.h"
+#include "smla/workspace.h"
 
 namespace smla::dist {
 namespace {
@@ -130,34 +131,47 @@ __global__ void merge_received_kernel(const float* recv, uint16_t* out, float* l
   if (lse && threadIdx.x == 0) lse[i] = L;
 }
 
+// A part of the caller's workspace, typed (nullptr when the part is absent).
 template <class T>
-T* alloc(size_t count, size_t& total) {
-  void* p = nullptr;
-  const size_t bytes = std::max<size_t>(count * sizeof(T), 256);
-  check_cuda(cudaMalloc(&p, bytes), "cudaMalloc of a step buffer");
-  total += bytes;
-  return static_cast<T*>(p);
+T* part_of(void* workspace, const WorkspacePart& part) {
+  return part.bytes ? reinterpret_cast<T*>(static_cast<uint8_t*>(workspace) + part.offset) : nullptr;
 }
 
-}  // namespace
+// Makes `device` current for a scope and restores the previous device after (only when they differ,
+// so the common case costs one cudaGetDevice).
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device) {
+    check_cuda(cudaGetDevice(&prev_), "cudaGetDevice");
+    if (prev_ != device) check_cuda(cudaSetDevice(device), "cudaSetDevice(the communicator's device)");
+    else prev_ = -1;
+  }
+  ~DeviceScope() {
+    if (prev_ >= 0) cudaSetDevice(prev_);
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
 
-struct Dcp::Impl {
-  ncclComm_t comm;
-  DcpConfig cfg;
-  int H = 0, D = 0;
-  size_t bytes = 0, attn_ws_bytes = 0;
-  int32_t *idx = nullptr, *counts = nullptr;
-  uint16_t *q_gathered = nullptr, *q_all = nullptr, *out_part = nullptr;
-  float *lse_part = nullptr, *lse_all = nullptr, *scaled = nullptr, *summed = nullptr, *lse_local = nullptr;
-  float *send = nullptr, *recv = nullptr;
-  void* attn_ws = nullptr;
-  bool timing = false;
-  cudaEvent_t ev[4] = {};
+ private:
+  int prev_ = -1;
 };
 
-Dcp::Dcp(void* nccl_comm, const DcpConfig& cfg) : impl_(std::make_unique<Impl>()) {
-  auto& m = *impl_;
-  SMLA_CHECK(nccl_comm != nullptr, "DCP: the NCCL communicator is null");
+PlanConfig attention_plan_config(const DcpConfig& cfg, int device) {
+  PlanConfig pc;
+  pc.geometry.num_heads = cfg.local_heads * cfg.world;
+  pc.geometry.rope_dim = cfg.rope_dim;
+  pc.geometry.format = cfg.format;
+  pc.geometry.q_dtype = cfg.q_dtype;
+  pc.geometry.topk = cfg.topk;
+  pc.geometry.lse_mode = LseMode::kBaseE;  // the merge needs every partial's LSE
+  pc.geometry.sink = false;
+  pc.max_rows = cfg.max_rows;
+  pc.backend = Backend::kCuda;
+  pc.device = device;
+  return pc;
+}
+
+DcpConfig checked(const DcpConfig& cfg) {
   SMLA_CHECK(cfg.world >= 1 && cfg.world <= kMaxWorld, "DCP: world must be in [1, 16]");
   SMLA_CHECK(cfg.rank >= 0 && cfg.rank < cfg.world, "DCP: rank must be in [0, world)");
   SMLA_CHECK(cfg.interleave >= 1, "DCP: interleave must be >= 1");
@@ -165,57 +179,58 @@ Dcp::Dcp(void* nccl_comm, const DcpConfig& cfg) : impl_(std::make_unique<Impl>()
              "DCP: local_heads * world must be in [1, 128] (the heads one attention call handles)");
   SMLA_CHECK(cfg.q_dtype == DType::kBF16 || cfg.q_dtype == DType::kFP16, "DCP: q must be bf16 or fp16");
   SMLA_CHECK(cfg.max_rows >= 1 && cfg.topk >= 1, "DCP: max_rows and topk must be >= 1");
-  m.comm = static_cast<ncclComm_t>(nccl_comm);
-  int n = 0, r = 0;
-  settle(m.comm, ncclCommCount(m.comm, &n), "ncclCommCount", cfg.timeout_ms);
-  settle(m.comm, ncclCommUserRank(m.comm, &r), "ncclCommUserRank", cfg.timeout_ms);
+  return cfg;
+}
+
+int comm_device(void* nccl_comm, const DcpConfig& cfg) {
+  SMLA_CHECK(nccl_comm != nullptr, "DCP: the NCCL communicator is null");
+  auto comm = static_cast<ncclComm_t>(nccl_comm);
+  int n = 0, r = 0, dev = -1;
+  settle(comm, ncclCommCount(comm, &n), "ncclCommCount", cfg.timeout_ms);
+  settle(comm, ncclCommUserRank(comm, &r), "ncclCommUserRank", cfg.timeout_ms);
   SMLA_CHECK(n == cfg.world && r == cfg.rank, "DCP: the communicator has " + std::to_string(n) + " ranks and this is rank " +
                                                   std::to_string(r) + "; the config says world " +
                                                   std::to_string(cfg.world) + ", rank " + std::to_string(cfg.rank));
-  m.cfg = cfg;
-  m.H = cfg.local_heads * cfg.world;
-  m.D = kLatentDim + cfg.rope_dim;
-  const size_t T = size_t(cfg.max_rows), W = size_t(cfg.world), Hl = size_t(cfg.local_heads), H = size_t(m.H);
-  m.idx = alloc<int32_t>(T * size_t(cfg.topk), m.bytes);
-  m.counts = alloc<int32_t>(T, m.bytes);
-  m.q_gathered = alloc<uint16_t>(W * T * Hl * size_t(m.D), m.bytes);
-  m.q_all = alloc<uint16_t>(T * H * size_t(m.D), m.bytes);
-  m.out_part = alloc<uint16_t>(T * H * kLatentDim, m.bytes);
-  m.lse_part = alloc<float>(T * H, m.bytes);
-  if (cfg.all_to_all) {
-    m.send = alloc<float>(W * T * Hl * kPack, m.bytes);
-    m.recv = alloc<float>(W * T * Hl * kPack, m.bytes);
-  } else {
-    m.lse_all = alloc<float>(W * T * H, m.bytes);
-    m.scaled = alloc<float>(W * T * Hl * kLatentDim, m.bytes);
-    m.summed = alloc<float>(T * Hl * kLatentDim, m.bytes);
-    m.lse_local = alloc<float>(T * Hl, m.bytes);
+  settle(comm, ncclCommCuDevice(comm, &dev), "ncclCommCuDevice", cfg.timeout_ms);
+  return dev;
+}
+
+}  // namespace
+
+struct Dcp::Impl {
+  Impl(void* nccl_comm, const DcpConfig& c)
+      : comm(static_cast<ncclComm_t>(nccl_comm)),
+        cfg(checked(c)),
+        device(comm_device(nccl_comm, cfg)),
+        attention(attention_plan_config(cfg, device)) {
+    DcpWorkspaceShape shape;
+    shape.world = cfg.world, shape.local_heads = cfg.local_heads, shape.rope_dim = cfg.rope_dim;
+    shape.q_dtype = cfg.q_dtype, shape.topk = cfg.topk, shape.max_rows = cfg.max_rows;
+    shape.all_to_all = cfg.all_to_all, shape.attention_bytes = attention.workspace_bytes();
+    layout = dcp_workspace(shape);
   }
-  // The attention's split-K scratch for the largest need of any T <= max_rows.
-  const DeviceInfo dev = cuda::device_info(0);
-  SparseMlaParams p;
-  p.num_heads = m.H, p.rope_dim = cfg.rope_dim, p.topk = cfg.topk, p.format = cfg.format, p.q_dtype = cfg.q_dtype;
-  for (int64_t t = 1; t <= std::min<int64_t>(cfg.max_rows, dev.num_sms); ++t) {
-    p.num_tokens = t;
-    m.attn_ws_bytes = std::max(m.attn_ws_bytes, cuda::sparse_mla_workspace_bytes(p, dev.num_sms));
-  }
-  if (m.attn_ws_bytes) m.attn_ws = alloc<uint8_t>(m.attn_ws_bytes, m.bytes);
-  for (auto& e : m.ev) check_cuda(cudaEventCreate(&e), "cudaEventCreate");
+  ncclComm_t comm;
+  DcpConfig cfg;
+  int device;
+  Plan attention;       // the one dispatch of the API layer, planned for this rank's H_l * W heads
+  DcpWorkspace layout;  // the step buffers in the caller's workspace
+  bool timing = false;
+  cudaEvent_t ev[4] = {};
+};
+
+Dcp::Dcp(void* nccl_comm, const DcpConfig& cfg) : impl_(std::make_unique<Impl>(nccl_comm, cfg)) {
+  DeviceScope on(impl_->device);
+  for (auto& e : impl_->ev) check_cuda(cudaEventCreate(&e), "cudaEventCreate");
 }
 
 Dcp::~Dcp() {
-  auto& m = *impl_;
-  for (void* p : {static_cast<void*>(m.idx), static_cast<void*>(m.counts), static_cast<void*>(m.q_gathered),
-                  static_cast<void*>(m.q_all), static_cast<void*>(m.out_part), static_cast<void*>(m.lse_part),
-                  static_cast<void*>(m.lse_all), static_cast<void*>(m.scaled), static_cast<void*>(m.summed),
-                  static_cast<void*>(m.lse_local), static_cast<void*>(m.send), static_cast<void*>(m.recv), m.attn_ws})
-    if (p) cudaFree(p);
-  for (auto& e : m.ev)
+  for (auto& e : impl_->ev)
     if (e) cudaEventDestroy(e);
 }
 
 const DcpConfig& Dcp::config() const { return impl_->cfg; }
-size_t Dcp::buffer_bytes() const { return impl_->bytes; }
+int Dcp::device() const { return impl_->device; }
+size_t Dcp::workspace_bytes() const { return impl_->layout.bytes; }
 void Dcp::enable_timing(bool on) { impl_->timing = on; }
 
 Dcp::Timing Dcp::last_timing() const {
@@ -230,72 +245,90 @@ Dcp::Timing Dcp::last_timing() const {
   return t;
 }
 
-void Dcp::step(const DcpStepArgs& a, void* stream_ptr) {
+void Dcp::step(const DcpStepArgs& a, void* workspace, size_t workspace_bytes, void* stream_ptr) {
   auto& m = *impl_;
   const auto& cfg = m.cfg;
   auto stream = static_cast<cudaStream_t>(stream_ptr);
   SMLA_CHECK(a.num_tokens >= 0 && a.num_tokens <= cfg.max_rows,
              "DCP step: T = " + std::to_string(a.num_tokens) + " must be in [0, max_rows = " + std::to_string(cfg.max_rows) + "]");
+  SMLA_CHECK(workspace_bytes >= m.layout.bytes && (workspace != nullptr || m.layout.bytes == 0),
+             "DCP step: workspace too small: the step needs " + std::to_string(m.layout.bytes) +
+                 " bytes (Dcp::workspace_bytes()); got " + std::to_string(workspace_bytes));
+  SMLA_CHECK(reinterpret_cast<uintptr_t>(workspace) % 16 == 0, "DCP step: the workspace must be 16-byte aligned");
   if (a.num_tokens == 0) return;
   SMLA_CHECK(a.q && a.positions && a.out, "DCP step: q, positions and out must not be null");
   const int64_t T = a.num_tokens;
-  const int W = cfg.world, Hl = cfg.local_heads, H = m.H, K = cfg.topk;
+  const int W = cfg.world, Hl = cfg.local_heads, H = Hl * W, K = cfg.topk, D = kLatentDim + cfg.rope_dim;
   const bool bf16 = cfg.q_dtype == DType::kBF16;
+  const DcpWorkspace& L = m.layout;
+  auto* idx = part_of<int32_t>(workspace, L.idx);
+  auto* counts = part_of<int32_t>(workspace, L.counts);
+  auto* q_gathered = part_of<uint16_t>(workspace, L.q_gathered);
+  auto* q_all = part_of<uint16_t>(workspace, L.q_all);
+  auto* out_part = part_of<uint16_t>(workspace, L.out_part);
+  auto* lse_part = part_of<float>(workspace, L.lse_part);
 
   // 1. Global top-k -> this rank's local rows, compacted and counted (validated by the launcher).
   IndexConvertParams ic;
   ic.positions = a.positions, ic.pos_stride_t = K, ic.num_tokens = T, ic.topk = K, ic.req_of_token = a.req_of_token;
   ic.block_table = a.block_table, ic.bt_stride = a.bt_stride, ic.num_reqs = a.num_reqs, ic.max_blocks = a.max_blocks;
-  ic.block_size = a.block_size, ic.block_stride_rows = a.block_stride_rows, ic.phys = m.idx, ic.phys_stride_t = K;
-  ic.counts = m.counts, ic.dcp_world = W, ic.dcp_rank = cfg.rank, ic.dcp_interleave = cfg.interleave;
+  ic.block_size = a.block_size, ic.block_stride_rows = a.block_stride_rows, ic.phys = idx, ic.phys_stride_t = K;
+  ic.counts = counts, ic.dcp_world = W, ic.dcp_rank = cfg.rank, ic.dcp_interleave = cfg.interleave;
 
   SparseMlaParams p;
   p.num_tokens = T, p.num_heads = H, p.rope_dim = cfg.rope_dim, p.topk = K;
-  p.q = m.q_all, p.q_dtype = cfg.q_dtype, p.kv = a.kv, p.num_rows = a.num_rows, p.kv_row_stride_bytes = a.kv_row_stride_bytes;
-  p.format = cfg.format, p.idx = m.idx, p.counts = m.counts, p.softmax_scale = a.softmax_scale, p.q_scale = a.q_scale;
-  p.k_scale = a.k_scale, p.out = m.out_part, p.out_dtype = cfg.q_dtype, p.lse = m.lse_part, p.lse_mode = LseMode::kBaseE;
+  p.q = q_all, p.q_dtype = cfg.q_dtype, p.kv = a.kv, p.num_rows = a.num_rows, p.kv_row_stride_bytes = a.kv_row_stride_bytes;
+  p.format = cfg.format, p.idx = idx, p.counts = counts, p.softmax_scale = a.softmax_scale, p.q_scale = a.q_scale;
+  p.k_scale = a.k_scale, p.out = out_part, p.out_dtype = cfg.q_dtype, p.lse = lse_part, p.lse_mode = LseMode::kBaseE;
   set_dense_strides(p);
-  validate(p);  // everything the attention will check, before anything is enqueued
+  void* attn_ws = part_of<uint8_t>(workspace, L.attention);
+  m.attention.check(p, L.attention.bytes);  // everything the attention will check, before anything is enqueued
   validate(ic);
 
+  DeviceScope on(m.device);
   if (m.timing) check_cuda(cudaEventRecord(m.ev[0], stream), "cudaEventRecord");
   cuda::convert_indices(ic, stream);
-  const size_t q_elems = size_t(T) * Hl * m.D;
+  const size_t q_elems = size_t(T) * Hl * D;
   const int tmo = cfg.timeout_ms;
-  settle(m.comm, ncclAllGather(a.q, m.q_gathered, q_elems * 2, ncclUint8, m.comm, stream), "ncclAllGather(q)", tmo);
+  settle(m.comm, ncclAllGather(a.q, q_gathered, q_elems * 2, ncclUint8, m.comm, stream), "ncclAllGather(q)", tmo);
   gather_heads_kernel<<<dim3(unsigned(T), unsigned(H)), 128, 0, stream>>>(
-      reinterpret_cast<const uint4*>(m.q_gathered), reinterpret_cast<uint4*>(m.q_all), T, W, Hl, m.D * 2 / 16);
+      reinterpret_cast<const uint4*>(q_gathered), reinterpret_cast<uint4*>(q_all), T, W, Hl, D * 2 / 16);
   check_cuda(cudaGetLastError(), "gather_heads_kernel");
   if (m.timing) check_cuda(cudaEventRecord(m.ev[1], stream), "cudaEventRecord");
 
-  // 3. Local attention over the gathered heads.
-  cuda::sparse_mla(p, m.attn_ws, m.attn_ws_bytes, stream);
+  // 3. Local attention over the gathered heads, through the plan.
+  m.attention.run(p, attn_ws, L.attention.bytes, stream);
   if (m.timing) check_cuda(cudaEventRecord(m.ev[2], stream), "cudaEventRecord");
 
   // 4. Merge across ranks.
   auto* out = static_cast<uint16_t*>(a.out);
   if (!cfg.all_to_all) {
-    settle(m.comm, ncclAllGather(m.lse_part, m.lse_all, size_t(T) * H, ncclFloat32, m.comm, stream),
-           "ncclAllGather(lse)", tmo);
-    weight_scatter_kernel<<<dim3(unsigned(T), unsigned(H)), 128, 0, stream>>>(m.out_part, m.lse_all, m.scaled, m.lse_local,
-                                                                               T, W, Hl, cfg.rank, bf16);
+    auto* lse_all = part_of<float>(workspace, L.lse_all);
+    auto* scaled = part_of<float>(workspace, L.scaled);
+    auto* summed = part_of<float>(workspace, L.summed);
+    auto* lse_local = part_of<float>(workspace, L.lse_local);
+    settle(m.comm, ncclAllGather(lse_part, lse_all, size_t(T) * H, ncclFloat32, m.comm, stream), "ncclAllGather(lse)",
+           tmo);
+    weight_scatter_kernel<<<dim3(unsigned(T), unsigned(H)), 128, 0, stream>>>(out_part, lse_all, scaled, lse_local, T,
+                                                                               W, Hl, cfg.rank, bf16);
     check_cuda(cudaGetLastError(), "weight_scatter_kernel");
-    settle(m.comm,
-           ncclReduceScatter(m.scaled, m.summed, size_t(T) * Hl * kLatentDim, ncclFloat32, ncclSum, m.comm, stream),
+    settle(m.comm, ncclReduceScatter(scaled, summed, size_t(T) * Hl * kLatentDim, ncclFloat32, ncclSum, m.comm, stream),
            "ncclReduceScatter(out)", tmo);
-    finalize_kernel<<<unsigned(T * Hl), 128, 0, stream>>>(m.summed, m.lse_local, out, a.lse, T * Hl, bf16);
+    finalize_kernel<<<unsigned(T * Hl), 128, 0, stream>>>(summed, lse_local, out, a.lse, T * Hl, bf16);
     check_cuda(cudaGetLastError(), "finalize_kernel");
   } else {
-    pack_kernel<<<dim3(unsigned(T), unsigned(H)), 128, 0, stream>>>(m.out_part, m.lse_part, m.send, T, W, Hl, bf16);
+    auto* send = part_of<float>(workspace, L.send);
+    auto* recv = part_of<float>(workspace, L.recv);
+    pack_kernel<<<dim3(unsigned(T), unsigned(H)), 128, 0, stream>>>(out_part, lse_part, send, T, W, Hl, bf16);
     check_cuda(cudaGetLastError(), "pack_kernel");
     const size_t chunk = size_t(T) * Hl * kPack;
     check_nccl(ncclGroupStart(), "ncclGroupStart");
     for (int r = 0; r < W; ++r) {
-      check_nccl(ncclSend(m.send + size_t(r) * chunk, chunk, ncclFloat32, r, m.comm, stream), "ncclSend");
-      check_nccl(ncclRecv(m.recv + size_t(r) * chunk, chunk, ncclFloat32, r, m.comm, stream), "ncclRecv");
+      check_nccl(ncclSend(send + size_t(r) * chunk, chunk, ncclFloat32, r, m.comm, stream), "ncclSend");
+      check_nccl(ncclRecv(recv + size_t(r) * chunk, chunk, ncclFloat32, r, m.comm, stream), "ncclRecv");
     }
     settle(m.comm, ncclGroupEnd(), "the all-to-all (ncclGroupEnd)", tmo);
-    merge_received_kernel<<<unsigned(T * Hl), 128, 0, stream>>>(m.recv, out, a.lse, T, W, Hl, bf16);
+    merge_received_kernel<<<unsigned(T * Hl), 128, 0, stream>>>(recv, out, a.lse, T, W, Hl, bf16);
     check_cuda(cudaGetLastError(), "merge_received_kernel");
   }
   if (m.timing) check_cuda(cudaEventRecord(m.ev[3], stream), "cudaEventRecord");

@@ -6,7 +6,7 @@
 #include <cstring>
 #include <string>
 
-#include "smla/reference.h"
+#include "reference/sparse_mla.h"
 
 namespace smla::shardq {
 

@@ -8,9 +8,9 @@
 #include <thread>
 #include <vector>
 
+#include "reference/sparse_mla.h"
 #include "smla/formats.h"
 #include "smla/numeric.h"
-#include "smla/reference.h"
 
 namespace smla::reference {
 namespace {

@@ -6,11 +6,11 @@
 #include <random>
 #include <vector>
 
+#include "../common/dcp_case.h"
+#include "reference/sparse_mla.h"
 #include "smla/dcp.h"
 #include "smla/formats.h"
 #include "smla/numeric.h"
-#include "smla/reference.h"
-#include "../common/dcp_case.h"
 
 namespace {
 

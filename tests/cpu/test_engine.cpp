@@ -5,8 +5,8 @@
 #include <thread>
 #include <vector>
 
+#include "devtools/testing.h"
 #include "smla/engine.h"
-#include "smla/testing.h"
 
 namespace {
 

@@ -26,9 +26,9 @@
 #include "cli.h"
 #include "smla/formats.h"
 #include "smla/numeric.h"
-#include "smla/reference.h"
-#include "smla/replay.h"
-#include "smla/safetensors.h"
+#include "reference/sparse_mla.h"
+#include "devtools/replay.h"
+#include "devtools/safetensors.h"
 
 namespace {
 

@@ -12,9 +12,9 @@
 #include <string>
 #include <vector>
 
-#include "smla/reference.h"
+#include "reference/sparse_mla.h"
 #include "smla/serving.h"
-#include "smla/testing.h"
+#include "devtools/testing.h"
 
 namespace {
 

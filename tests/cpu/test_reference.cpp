@@ -10,10 +10,10 @@
 #include <string>
 #include <vector>
 
+#include "devtools/testing.h"
+#include "reference/sparse_mla.h"
 #include "smla/formats.h"
 #include "smla/numeric.h"
-#include "smla/reference.h"
-#include "smla/testing.h"
 
 using smla::DType;
 using smla::KvFormat;

@@ -8,10 +8,10 @@
 #include <string>
 #include <vector>
 
+#include "devtools/replay.h"
+#include "devtools/testing.h"
+#include "reference/sparse_mla.h"
 #include "smla/formats.h"
-#include "smla/reference.h"
-#include "smla/replay.h"
-#include "smla/testing.h"
 
 namespace {
 

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "smla/safetensors.h"
+#include "devtools/safetensors.h"
 #include "smla/types.h"
 
 namespace {

@@ -12,7 +12,7 @@
 
 #include "smla/formats.h"
 #include "smla/numeric.h"
-#include "smla/reference.h"
+#include "reference/sparse_mla.h"
 #include "smla/shardq.h"
 
 namespace {

@@ -6,9 +6,9 @@
 #include <cstdint>
 #include <vector>
 
-#include "smla/reference.h"
+#include "devtools/testing.h"
+#include "reference/sparse_mla.h"
 #include "smla/state.h"
-#include "smla/testing.h"
 
 namespace {
 bool is_neg_inf(float x) { return std::isinf(x) && x < 0; }

@@ -2,7 +2,10 @@
 //
 //   smla_dcp_multi_gpu [--world W]          correctness: every case vs the float64-free CPU
 //                                           reference on the unsharded cache (out rel L2 <= 1e-2,
-//                                           LSE abs <= 1e-3), both merge paths, interleave 1 and 64
+//                                           LSE abs <= 1e-3), both merge paths, interleave 1 and 64;
+//                                           Dcp::device() is the communicator's, a step runs there
+//                                           with another device current, and a workspace one byte
+//                                           short is refused before anything is enqueued
 //   smla_dcp_multi_gpu --world W --fail     failure: rank 1 leaves after joining; rank 0's step must
 //                                           end in an error within the timeout, not hang
 //
@@ -18,6 +21,7 @@
 #include <vector>
 
 #include "../common/dcp_case.h"
+#include "devtools/launch.h"
 #include "smla/cuda.h"
 #include "smla/dcp.h"
 #include "smla/dist.h"
@@ -58,6 +62,10 @@ void run_case(void* comm, int world, int rank, KvFormat format, int interleave, 
   cfg.q_dtype = format == KvFormat::kFP16 ? DType::kFP16 : DType::kBF16, cfg.topk = c.K, cfg.max_rows = c.T;
   cfg.all_to_all = all_to_all;
   dist::Dcp dcp(comm, cfg);
+  if (dcp.device() != rank) fail("Dcp::device() is " + std::to_string(dcp.device()) + ", not the communicator's " +
+                                 std::to_string(rank));
+  void* d_ws = nullptr;
+  if (cudaMalloc(&d_ws, dcp.workspace_bytes()) != cudaSuccess) fail("cudaMalloc of the DCP workspace");
 
   auto* d_q = upload(q_local);
   auto* d_pos = upload(c.positions);
@@ -76,7 +84,18 @@ void run_case(void* comm, int world, int rank, KvFormat format, int interleave, 
   a.softmax_scale = c.softmax_scale, a.out = d_out, a.lse = d_lse;
   cudaStream_t stream;
   cudaStreamCreate(&stream);
-  dcp.step(a, stream);
+  // A workspace one byte short fails on the host, naming the size, before anything is enqueued.
+  bool refused = false;
+  try {
+    dcp.step(a, d_ws, dcp.workspace_bytes() - 1, stream);
+  } catch (const Error& e) {
+    refused = std::string(e.what()).find(std::to_string(dcp.workspace_bytes())) != std::string::npos;
+  }
+  // The step runs on the communicator's device whichever device is current (here another rank's).
+  const bool other_current = world > 1 && format == KvFormat::kBF16 && interleave == 1 && !all_to_all;
+  if (other_current) cudaSetDevice((rank + 1) % world);
+  dcp.step(a, d_ws, dcp.workspace_bytes(), stream);
+  if (other_current) cudaSetDevice(rank);
   dcp.wait(stream, 20000);
   cudaMemcpy(out.data(), d_out, out.size() * 2, cudaMemcpyDeviceToHost);
   cudaMemcpy(lse.data(), d_lse, lse.size() * 4, cudaMemcpyDeviceToHost);
@@ -98,7 +117,7 @@ void run_case(void* comm, int world, int rank, KvFormat format, int interleave, 
       else lse_err = std::max(lse_err, std::isfinite(gl) ? std::fabs(gl - rl) : INFINITY);
     }
   const double rel = bad ? INFINITY : std::sqrt(num2 / den2);
-  bool ok = rel <= 1e-2 && lse_err <= 1e-3;
+  bool ok = rel <= 1e-2 && lse_err <= 1e-3 && refused;
 
   // The step captured in a CUDA graph and replayed gives the eager result bit for bit.
   std::string graph_note;
@@ -108,7 +127,7 @@ void run_case(void* comm, int world, int rank, KvFormat format, int interleave, 
     cudaGraphExec_t exec = nullptr;
     bool graph_ok = cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) == cudaSuccess;
     if (graph_ok) {
-      dcp.step(a, stream);
+      dcp.step(a, d_ws, dcp.workspace_bytes(), stream);
       graph_ok = cudaStreamEndCapture(stream, &graph) == cudaSuccess &&
                  cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess;
     }
@@ -123,12 +142,13 @@ void run_case(void* comm, int world, int rank, KvFormat format, int interleave, 
     if (graph) cudaGraphDestroy(graph);
   }
   ok ? ++res.passed : ++res.failed;
-  std::printf("rank %d  W=%d %-12s I=%-3d %-26s out rel L2 %.3e  lse max abs %.3e  %s%s\n", rank, world,
+  std::printf("rank %d  W=%d %-12s I=%-3d %-26s out rel L2 %.3e  lse max abs %.3e  %s%s%s%s\n", rank, world,
               std::string(to_string(format)).c_str(), interleave, all_to_all ? "all-to-all" : "all-gather+reduce-scatter",
-              rel, lse_err, ok ? "PASS" : "FAIL", graph_note.c_str());
+              rel, lse_err, ok ? "PASS" : "FAIL", graph_note.c_str(), refused ? "" : "  short workspace NOT refused",
+              other_current ? "  (stepped with another device current)" : "");
   for (void* p : {static_cast<void*>(d_q), static_cast<void*>(d_pos), static_cast<void*>(d_req),
                   static_cast<void*>(d_table), static_cast<void*>(d_kv), static_cast<void*>(d_out),
-                  static_cast<void*>(d_lse)})
+                  static_cast<void*>(d_lse), d_ws})
     cudaFree(p);
   cudaStreamDestroy(stream);
 }
@@ -155,6 +175,8 @@ int rank_main(int world, int rank, const std::vector<uint8_t>& id, bool fail_mod
   cfg.world = world, cfg.rank = 0, cfg.local_heads = 8, cfg.topk = c.K, cfg.max_rows = c.T;
   cfg.timeout_ms = timeout_ms;
   dist::Dcp dcp(comm, cfg);
+  void* d_ws = nullptr;
+  if (cudaMalloc(&d_ws, dcp.workspace_bytes()) != cudaSuccess) fail("cudaMalloc of the DCP workspace");
   std::vector<uint16_t> out(size_t(c.T * 8 * 512));
   dist::DcpStepArgs a;
   a.num_tokens = c.T, a.q = upload(std::vector<uint16_t>(size_t(c.T * 8 * 576), 0));
@@ -169,7 +191,7 @@ int rank_main(int world, int rank, const std::vector<uint8_t>& id, bool fail_mod
   bool raised = false;
   std::string msg;
   try {
-    dcp.step(a, stream);
+    dcp.step(a, d_ws, dcp.workspace_bytes(), stream);
     dcp.wait(stream, timeout_ms);
   } catch (const Error& e) {
     raised = true;

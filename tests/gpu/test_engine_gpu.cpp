@@ -13,9 +13,9 @@
 #include <thread>
 #include <vector>
 
+#include "devtools/testing.h"
 #include "smla/cuda.h"
 #include "smla/engine.h"
-#include "smla/testing.h"
 
 namespace {
 

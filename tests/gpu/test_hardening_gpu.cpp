@@ -14,8 +14,8 @@
 
 #include "smla/cuda.h"
 #include "smla/numeric.h"
-#include "smla/reference.h"
-#include "smla/testing.h"
+#include "reference/sparse_mla.h"
+#include "devtools/testing.h"
 
 namespace {
 

@@ -24,12 +24,12 @@
 
 #include "cuda/sm90/sparse_mla/config.h"
 #include "cuda/sm90/sparse_mla/dequant.h"
+#include "devtools/testing.h"
+#include "reference/sparse_mla.h"
 #include "smla/api.h"
 #include "smla/cuda.h"
 #include "smla/formats.h"
 #include "smla/numeric.h"
-#include "smla/reference.h"
-#include "smla/testing.h"
 
 namespace {
 

@@ -13,11 +13,11 @@
 #include <string>
 #include <vector>
 
+#include "devtools/testing.h"
 #include "smla/api.h"
 #include "smla/cuda.h"
 #include "smla/numeric.h"
 #include "smla/plan.h"
-#include "smla/testing.h"
 
 namespace {
 

@@ -9,10 +9,10 @@
 #include <fstream>
 #include <string>
 
+#include "devtools/testing.h"
+#include "reference/sparse_mla.h"
 #include "smla/api.h"
 #include "smla/formats.h"
-#include "smla/reference.h"
-#include "smla/testing.h"
 
 namespace smla::cli {
 

@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "bench.h"
-#include "cuda/common/bench_support.h"
 #include "cuda/common/phase.h"
+#include "devtools/bench_support.h"
 #include "smla/api.h"
 #include "smla/cuda.h"
 #include "smla/formats.h"

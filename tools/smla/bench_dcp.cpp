@@ -10,7 +10,8 @@
 #include <vector>
 
 #include "bench.h"
-#include "cuda/common/bench_support.h"
+#include "devtools/bench_support.h"
+#include "devtools/launch.h"
 #include "smla/cuda.h"
 #include "smla/cuda_serving.h"
 #include "smla/dist.h"
@@ -126,14 +127,15 @@ int rank_main(const Setup& su, int rank, const std::vector<uint8_t>& id) {
     dist::DcpConfig cfg;
     cfg.world = W, cfg.rank = rank, cfg.local_heads = Hl, cfg.topk = K, cfg.max_rows = T, cfg.all_to_all = a2a;
     dist::Dcp dcp(comm, cfg);
+    auto* ws = dalloc<uint8_t>(dcp.workspace_bytes());
     dist::DcpStepArgs a;
     a.num_tokens = T, a.q = q, a.positions = positions, a.req_of_token = req, a.block_table = shard.table;
     a.bt_stride = shard.max_blocks, a.num_reqs = 1, a.max_blocks = shard.max_blocks, a.block_size = 64;
     a.block_stride_rows = 64, a.kv = shard.kv, a.num_rows = int64_t(shard.max_blocks) * 64;
     a.kv_row_stride_bytes = row_layout(KvFormat::kBF16).bytes, a.softmax_scale = 0.1352338f, a.out = out, a.lse = lse;
-    const double step_ms = median_ms(s, su.reps, [&] { dcp.step(a, s); });
+    const double step_ms = median_ms(s, su.reps, [&] { dcp.step(a, ws, dcp.workspace_bytes(), s); });
     dcp.enable_timing(true);
-    dcp.step(a, s);
+    dcp.step(a, ws, dcp.workspace_bytes(), s);
     dcp.wait(s, 60000);
     const auto tm = dcp.last_timing();
     if (rank == 0)
@@ -144,6 +146,7 @@ int rank_main(const Setup& su, int rank, const std::vector<uint8_t>& id) {
                   (long long)su.total_rows, one_gpu_ms, step_ms, one_gpu_ms / step_ms, tm.attn_ms, tm.comm_ms,
                   100.0 * tm.comm_ms / std::max(1e-9f, tm.total_ms), W, (long long)T, su.heads, K,
                   (long long)su.total_rows);
+    ck(cudaFree(ws), "cudaFree");
   }
   ck(cudaStreamSynchronize(s), "sync");
   dist::destroy_comm(comm);

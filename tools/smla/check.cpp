@@ -6,8 +6,8 @@
 #include <vector>
 
 #include "cli.h"
+#include "devtools/testing.h"
 #include "smla/api.h"
-#include "smla/testing.h"
 
 namespace smla::cli {
 namespace {

@@ -5,7 +5,7 @@
 #include <string>
 
 #include "cli.h"
-#include "smla/replay.h"
+#include "devtools/replay.h"
 
 namespace smla::cli {
 

@@ -1,4 +1,4 @@
-// smla/replay.h — run a dumped layer (DESIGN.md: `smla replay`).
+// devtools/replay.h — run a dumped layer (DESIGN.md: `smla replay`). Developer tools.
 //
 // The dump holds tensors q [T,H,D], kv [N,row] (BF16/F16 for 16-bit formats, F8_E4M3 or U8 bytes
 // for quantized ones), idx [T,K] I32, optional counts [T] I32 and sink [H] F32, and string
@@ -6,8 +6,8 @@
 // The result holds out [T,H,512] (bf16, or F32 on request) and lse [T,H] F32.
 #pragma once
 
+#include "devtools/safetensors.h"
 #include "smla/api.h"
-#include "smla/safetensors.h"
 
 namespace smla {
 

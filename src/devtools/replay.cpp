@@ -1,7 +1,7 @@
 // `smla replay`: run one dumped attention call (q, kv, idx, counts, sink + string metadata) on a
 // backend and return out and lse. Every tensor is checked against the metadata before a
 // SparseMlaParams is built, so a wrong dump fails with one line naming the tensor.
-#include "smla/replay.h"
+#include "devtools/replay.h"
 
 #include <cmath>
 #include <cstdlib>

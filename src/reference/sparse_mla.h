@@ -1,5 +1,6 @@
-// smla/reference.h — the CPU sparse MLA backend (DESIGN.md §1): the test oracle and a usable
-// backend. float64 accumulation, rows decoded with the codecs of smla/formats.h.
+// reference/sparse_mla.h — the CPU sparse MLA backend (DESIGN.md §1): the test oracle, and the
+// backend a server reaches through the public API as Backend::kCpu (smla/engine.h). float64
+// accumulation, rows decoded with the codecs of smla/formats.h. Internal header.
 #pragma once
 
 #include "smla/params.h"

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <exception>
 
+#include "devtools/launch.h"
 #include "smla/cuda.h"
 #include "smla/dist.h"
 

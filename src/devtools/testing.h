@@ -1,4 +1,5 @@
-// smla/testing.h — random problems for tests, `smla check` and `smla bench` (host memory).
+// devtools/testing.h — random problems for tests, `smla check` and `smla bench` (host memory).
+// Developer tools: linked by the tools and tests, never by the public libraries.
 //
 // Rows that no entry selects are filled with NaN bytes of the format (when poison_unselected),
 // so a kernel that reads a row it should skip produces NaN; outputs start poisoned (NaN).

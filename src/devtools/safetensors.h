@@ -1,6 +1,6 @@
-// smla/safetensors.h — read and write the safetensors format (u64 little-endian header length,
-// a JSON header of {name: {dtype, shape, data_offsets}} plus optional string "__metadata__",
-// then raw little-endian data). Used by `smla replay` and the tests.
+// devtools/safetensors.h — (developer tools) read and write the safetensors format (u64
+// little-endian header length, a JSON header of {name: {dtype, shape, data_offsets}} plus optional
+// string "__metadata__", then raw little-endian data). Used by `smla replay` and the tests.
 #pragma once
 
 #include <cstdint>

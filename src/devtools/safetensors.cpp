@@ -5,7 +5,7 @@
 // parse() treats its input as hostile: every length and offset is checked against the buffer
 // before anything is copied, and every malformation ends as one Error line that says what is
 // wrong and where.
-#include "smla/safetensors.h"
+#include "devtools/safetensors.h"
 
 #include <algorithm>
 #include <bit>

@@ -1,12 +1,12 @@
-#include "smla/testing.h"
+#include "devtools/testing.h"
 
 #include <cmath>
 #include <cstring>
 #include <random>
 
+#include "reference/sparse_mla.h"
 #include "smla/formats.h"
 #include "smla/numeric.h"
-#include "smla/reference.h"
 
 namespace smla::testing {
 namespace {

@@ -6,8 +6,7 @@
 
 #include <string>
 
-#include "cuda/common/bench_support.h"
-#include "cuda/common/phase.h"
+#include "devtools/bench_support.h"
 
 namespace smla::cuda {
 namespace {
@@ -83,22 +82,3 @@ void gpu_sleep(uint64_t ns, void* stream) {
 }
 
 }  // namespace smla::cuda
-
-namespace smla::cuda::phase {
-namespace {
-uint64_t* g_buffer = nullptr;
-__global__ void stamp_kernel(uint64_t* slot) {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
-  *slot = t;
-}
-}  // namespace
-
-void set_buffer(uint64_t* device_words) { g_buffer = device_words; }
-uint64_t* buffer() { return g_buffer; }
-void stamp(uint64_t* slot, void* stream) {
-  stamp_kernel<<<1, 1, 0, static_cast<cudaStream_t>(stream)>>>(slot);
-  check_launch("phase stamp");
-}
-
-}  // namespace smla::cuda::phase

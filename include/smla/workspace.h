@@ -1,0 +1,68 @@
+// smla/workspace.h — the layout of every caller-owned workspace, as pure host arithmetic: the size
+// and offset of each part. The one definition: Plan sizes its workspace with it, the CUDA launcher
+// carves the split-K scratch out of it, and dist::Dcp sizes and carves its step buffers with it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "smla/types.h"
+
+namespace smla {
+
+// Every part starts at a multiple of this many bytes from the workspace start, and every total is a
+// multiple of it. A workspace itself must be at least 16-byte aligned (the kernels' vector loads);
+// cudaMalloc and the PyTorch allocator give 256 or more.
+inline constexpr size_t kWorkspaceAlign = 256;
+
+struct WorkspacePart {
+  size_t offset = 0;  // bytes from the workspace start
+  size_t bytes = 0;   // 0: the part is absent
+  size_t end() const { return offset + bytes; }
+};
+
+// Split-K scratch of one sparse MLA launch: T rows, H heads, each row's top-k cut into `splits`
+// pieces merged by LSE. Absent (every size 0) when splits <= 1 or T <= 0.
+// Example: T = 1, H = 128, 32 splits: part_out [0, 8388608), part_lse [8388608, 8404992), 8404992 B.
+struct SparseMlaWorkspace {
+  WorkspacePart part_out;  // [T, H, splits, 512] fp32 partial outputs
+  WorkspacePart part_lse;  // [T, H, splits] fp32 partial LSEs (natural log)
+  size_t bytes = 0;        // total
+};
+SparseMlaWorkspace sparse_mla_workspace(int64_t num_tokens, int num_heads, int splits);
+
+// What a DCP step over NCCL (smla/dist.h, DESIGN.md §5) is sized for.
+struct DcpWorkspaceShape {
+  int world = 1;          // W ranks
+  int local_heads = 1;    // H_l; attention runs over H = H_l * W heads
+  int rope_dim = kRopeDim;
+  DType q_dtype = DType::kBF16;  // 16-bit: q, the gathered q and the partial outputs use it
+  int topk = 1;           // K
+  int64_t max_rows = 1;   // largest T of a step
+  bool all_to_all = false;  // merge path (only its buffers are laid out)
+  size_t attention_bytes = 0;  // the attention plan's workspace (Plan::workspace_bytes())
+};
+
+// The step buffers of one DCP rank, for T = max_rows (a smaller T uses the front of each part).
+struct DcpWorkspace {
+  WorkspacePart idx;         // [T, K] int32 local rows, compacted
+  WorkspacePart counts;      // [T] int32 valid entries per row
+  WorkspacePart q_gathered;  // [W, T, H_l, D] q_dtype: the all-gathered q, rank-major
+  WorkspacePart q_all;       // [T, H, D] q_dtype: the same, head-major
+  WorkspacePart out_part;    // [T, H, 512] q_dtype: this rank's partial output
+  WorkspacePart lse_part;    // [T, H] fp32: its LSE (natural log)
+  // all-gather + reduce-scatter merge (absent with all_to_all)
+  WorkspacePart lse_all;     // [W, T, H] fp32
+  WorkspacePart scaled;      // [W, T, H_l, 512] fp32: weighted partials, by destination rank
+  WorkspacePart summed;      // [T, H_l, 512] fp32
+  WorkspacePart lse_local;   // [T, H_l] fp32
+  // all-to-all merge (present only with all_to_all)
+  WorkspacePart send;        // [W, T, H_l, 513] fp32: (out, lse) packed per destination rank
+  WorkspacePart recv;        // [W, T, H_l, 513] fp32
+  WorkspacePart attention;   // the attention's workspace (attention_bytes)
+  size_t bytes = 0;          // total
+};
+// Throws Error when a count is out of range (world, local_heads, topk, max_rows >= 1; a 16-bit q).
+DcpWorkspace dcp_workspace(const DcpWorkspaceShape& shape);
+
+}  // namespace smla
