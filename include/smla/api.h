@@ -4,6 +4,9 @@
 #include <cstddef>
 #include <string>
 
+#include "smla/cache.h"
+#include "smla/cuda_serving.h"
+#include "smla/index.h"
 #include "smla/params.h"
 #include "smla/support.h"
 
@@ -18,9 +21,12 @@ Backend parse_backend(std::string_view name);  // "cpu" | "cuda"
 bool built_with_cuda();
 // First CUDA device's properties, or an empty DeviceInfo (present() false) when none.
 DeviceInfo first_cuda_device();
+// CUDA device `ordinal`'s properties (queried once per process), or an empty DeviceInfo when the
+// build has no CUDA backend or there is no such device.
+DeviceInfo cuda_device(int ordinal);
 
-// Why `backend` cannot run g here, or OK.
-Support backend_support(Backend backend, const Geometry& g);
+// Why `backend` cannot run g here (on CUDA device `device`), or OK.
+Support backend_support(Backend backend, const Geometry& g, int device = 0);
 Geometry geometry_of(const SparseMlaParams& p);
 // The CUDA kernel a problem of geometry g runs on, "<format>_d<D>/<variant>" (variant after the
 // launcher's SMLA_SM90_* switches, e.g. "bf16_d576/h64.ws"); the format part alone without CUDA.
@@ -29,5 +35,14 @@ std::string cuda_kernel_for(const Geometry& g);
 // Runs p whose pointers are HOST memory on the chosen backend (the CUDA path copies to and from
 // the device and synchronizes). kv_bytes: size of the buffer p.kv points to.
 void run_host(Backend backend, const SparseMlaParams& p, size_t kv_bytes);
+
+// The serving kernels on a backend: the CPU reference with host pointers, or the CUDA kernels with
+// device pointers on `stream` (a cudaStream_t; the caller has made the pointers' device current).
+// Each validates p first and throws Error before touching memory; the CUDA path never allocates
+// or synchronizes.
+void write_cache(Backend backend, const CacheWriteParams& p, void* stream);
+void convert_indices(Backend backend, const IndexConvertParams& p, void* stream);
+// Rows with counts[t] <= 0 get out 0 and LSE -inf; no other row is touched.
+void finish_empty_rows(Backend backend, const cuda::FinishEmptyParams& p, void* stream);
 
 }  // namespace smla

@@ -1,3 +1,5 @@
+#include <map>
+#include <mutex>
 #include <string>
 
 #include "smla/api.h"
@@ -24,11 +26,24 @@ bool built_with_cuda() {
 #endif
 }
 
-DeviceInfo first_cuda_device() {
+DeviceInfo first_cuda_device() { return cuda_device(0); }
+
+DeviceInfo cuda_device(int ordinal) {
 #if SMLA_HAVE_CUDA
-  if (cuda::device_count() > 0) return cuda::device_info(0);
-#endif
+  // cudaGetDeviceProperties is slow: one query per device per process.
+  static std::mutex mu;
+  static std::map<int, DeviceInfo> infos;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = infos.find(ordinal);
+  if (it != infos.end()) return it->second;
+  DeviceInfo d;
+  if (ordinal >= 0 && ordinal < cuda::device_count()) d = cuda::device_info(ordinal);
+  infos.emplace(ordinal, d);
+  return d;
+#else
+  (void)ordinal;
   return {};
+#endif
 }
 
 Geometry geometry_of(const SparseMlaParams& p) {
@@ -53,9 +68,9 @@ std::string cuda_kernel_for(const Geometry& g) {
   return name;
 }
 
-Support backend_support(Backend backend, const Geometry& g) {
+Support backend_support(Backend backend, const Geometry& g, int device) {
   if (backend == Backend::kCpu) return support_cpu(g);
-  return support_cuda(g, first_cuda_device(), built_with_cuda());
+  return support_cuda(g, cuda_device(device), built_with_cuda());
 }
 
 void run_host(Backend backend, const SparseMlaParams& p, size_t kv_bytes) {

@@ -18,7 +18,7 @@ Plan::Plan(const PlanConfig& cfg) : cfg_(cfg) {
   SMLA_CHECK(cfg.max_rows >= 1, "PlanConfig.max_rows must be >= 1; got " + s(cfg.max_rows));
   for (int64_t g : cfg.graph_sizes)
     SMLA_CHECK(g >= 1 && g <= cfg.max_rows, "graph size " + s(g) + " must be in [1, max_rows = " + s(cfg.max_rows) + "]");
-  const Support sup = backend_support(cfg.backend, cfg.geometry);
+  const Support sup = backend_support(cfg.backend, cfg.geometry, cfg.device);
   if (!sup.ok()) fail_unsupported(sup.reason);
 
   // Buckets: powers of two up to max_rows (the last one capped at max_rows) plus graph sizes.
@@ -32,7 +32,7 @@ Plan::Plan(const PlanConfig& cfg) : cfg_(cfg) {
   // Each bucket's split is fixed here, at plan time: a run of T rows uses the split of the
   // smallest bucket >= T, so a captured graph replays exactly the schedule it was captured with.
   // The CPU backend never splits.
-  if (cfg.backend == Backend::kCuda) num_sms_ = first_cuda_device().num_sms;
+  if (cfg.backend == Backend::kCuda) num_sms_ = cuda_device(cfg.device).num_sms;
   for (int64_t b : buckets) {
     Schedule sc;
     sc.bucket = b;
