@@ -24,8 +24,8 @@ as_strided = np.lib.stride_tricks.as_strided
 FORMATS = ("bf16", "fp16", "fp8_e4m3", "fp8_ds_mla", "nvfp4_ds_mla")
 # element types a cache of each format may arrive as (bytes always; 16-bit bits for bf16 / fp16)
 CACHE_OK = {"bf16": {"u1", "i1", "u2", "i2"}, "fp16": {"u1", "i1", "u2", "i2", "f2"}}
-TIME_BUDGET_S = 4.0
-MIN_CASES = 1500
+TIME_BUDGET_S = 3.0
+MIN_CASES = 2000
 
 
 def kind(dt):
@@ -283,3 +283,110 @@ def test_fuzz_sparse_mla_cpu():
           f"{refused} refused")
     assert n >= MIN_CASES
     assert ok >= n // 10 and refused >= n // 10, (ok, refused)  # both paths exercised
+
+
+# ---------------------------------------------------------------------------------------------
+# the cache writer: cache layouts and element types, int64 slots, sources overlapping the cache
+
+
+def make_write_case(rng):
+    fmt = FORMATS[rng.integers(0, len(FORMATS))]
+    rd = 64 if rng.random() < 0.8 else 0
+    rb = smla.row_bytes(fmt, rd)
+    N = int(rng.integers(0, 5))
+    must = []
+    W = rb + 8 * int(rng.integers(0, 2))
+    paged = rng.random() < 0.6
+    if paged:
+        nb, bs, bpad = int(rng.integers(1, 4)), int(rng.integers(1, 5)), int(rng.integers(0, 2))
+        base = rng.integers(0, 256, (nb, bs + bpad, W)).astype(np.uint8)
+        cache_bytes = base[:, :bs, :]
+        n_valid, stride_rows, n_slots = (nb - 1) * (bs + bpad) + bs, bs + bpad, nb * bs
+    else:
+        n_valid = int(rng.integers(1, 9))
+        base = rng.integers(0, 256, (n_valid, W)).astype(np.uint8)
+        cache_bytes = base
+        bs, stride_rows, n_slots = 1, 1, n_valid
+    good = {"bf16": [np.uint8, np.int8, np.uint16, np.int16], "fp16": [np.uint8, np.uint16, np.float16]}
+    choices = good.get(fmt, [np.uint8, np.int8]) if rng.random() < 0.85 else [np.float16, np.float32, np.float64]
+    cdt = choices[rng.integers(0, len(choices))]
+    cache = cache_bytes.view(cdt)
+    if kind(cdt) not in CACHE_OK.get(fmt, {"u1", "i1"}):
+        must.append(f"cache {np.dtype(cdt).name} for {fmt}")
+    r = rng.random()
+    if r < 0.05 and cache.shape[0] > 1:
+        cache = as_strided(cache, shape=cache.shape, strides=(0,) + cache.strides[1:], writeable=True)
+        must.append("cache stride 0")
+    elif r < 0.08 and cache.ndim == 3 and cache.shape[1] > 1:
+        cache = as_strided(cache, shape=cache.shape, strides=(cache.strides[0], 0, cache.strides[2]),
+                           writeable=True)
+        must.append("cache row stride 0")
+    elif r < 0.11 and cache.shape[0] > 1:
+        cache = cache[::-1]
+        must.append("cache reversed")
+    elif r < 0.14:
+        cache = cache.copy() if rng.random() < 0.5 else cache
+        cache.flags.writeable = False
+        must.append("cache read-only")
+    src16 = np.float16 if (fmt == "fp16") == (rng.random() < 0.9) else np.uint16
+    lat = (rng.standard_normal((N, 512)) * 2).astype(np.float32)
+    latent = lat.astype(np.float16) if src16 == np.float16 else smla.bf16_bits(lat)
+    rope = None
+    if rd:
+        rp = (rng.standard_normal((N, 64)) * 2).astype(np.float32)
+        rope = rp.astype(np.float16) if src16 == np.float16 else smla.bf16_bits(rp)
+    latent, bad = layout(rng, latent, allow_bad=True)
+    if bad and bad != "zero outer stride":
+        must.append("latent " + bad)
+    if rng.random() < 0.05 and N > 0 and base.nbytes >= N * 1024:
+        latent = base.reshape(-1)[: N * 1024].view(np.uint16).reshape(N, 512)  # a view of the cache's memory
+        if src16 == np.float16:
+            latent = latent.view(np.float16)
+    if np.may_share_memory(latent, cache):
+        must.append("latent inside cache")
+    # slots: in range, negative, past the cache, past int32 (int64 only)
+    slots = rng.integers(-3, n_slots + 3, N)
+    wide = rng.random() < 0.4
+    if wide and N > 0:
+        slots[rng.integers(0, N)] = rng.choice([2**32 + 1, -(2**32) + 2, 2**31, 2**63 - 1, -(2**63)])
+    slots = slots.astype(np.int64 if wide else np.int32)
+    return dict(fmt=fmt, rd=rd, N=N, base=base, cache=cache, latent=latent, rope=rope, slots=slots,
+                bs=bs, stride_rows=stride_rows, n_valid=n_valid, paged=paged, must=must, W=W)
+
+
+def test_fuzz_write_cache_cpu():
+    rng = np.random.default_rng(21)
+    n = ok = refused = 0
+    t0 = time.monotonic()
+    while n < 20000 and (n < 1000 or time.monotonic() - t0 < 2.0):
+        n += 1
+        c = make_write_case(rng)
+        before = c["base"].copy()
+        kw = dict(format=c["fmt"], k_scale=0.5 if c["fmt"] == "fp8_e4m3" else 1.0)
+        if not c["paged"]:
+            kw["block_size"] = 1
+        try:
+            smla.write_cache(c["latent"], c["rope"], c["slots"], c["cache"], **kw)
+        except smla.SmlaError as e:
+            refused += 1
+            assert "\n" not in str(e), f"case {n}: multi-line error {e!r}"
+            assert np.array_equal(c["base"], before), f"case {n}: refused after writing ({e})"
+            continue
+        except Exception as e:  # noqa: BLE001 - the point of the test
+            pytest.fail(f"case {n}: {type(e).__name__} instead of SmlaError: {e} (must={c['must']})")
+        assert not c["must"], f"case {n}: accepted although {c['must']}"
+        ok += 1
+        # the same tokens written into dense rows: physical row = block * block_stride_rows + offset
+        # (DESIGN.md §2), a slot outside [0, rows) or outside int32 skipped
+        want = before.copy()
+        flat = want.reshape(-1, want.shape[-1])[: c["n_valid"], : c["W"]]
+        dense = np.ascontiguousarray(flat)
+        s = c["slots"].astype(np.int64)
+        phys = np.where(s >= 0, (s // c["bs"]) * c["stride_rows"] + s % c["bs"], -1)
+        phys = np.where((phys >= 0) & (phys < c["n_valid"]) & (s <= 2**31 - 1), phys, -1).astype(np.int32)
+        lat = np.ascontiguousarray(c["latent"])
+        smla.write_cache(lat, c["rope"], phys, dense, block_size=1, **{k: v for k, v in kw.items() if k != "block_size"})
+        flat[...] = dense
+        assert np.array_equal(c["base"], want), f"case {n}: cache differs from the dense write"
+    print(f"fuzz write_cache: {n} cases in {time.monotonic() - t0:.1f} s: {ok} written and matched, {refused} refused")
+    assert ok >= n // 10 and refused >= n // 20, (ok, refused)
