@@ -385,7 +385,7 @@ def test_fuzz_write_cache_cpu():
         phys = np.where(s >= 0, (s // c["bs"]) * c["stride_rows"] + s % c["bs"], -1)
         phys = np.where((phys >= 0) & (phys < c["n_valid"]) & (s <= 2**31 - 1), phys, -1).astype(np.int32)
         lat = np.ascontiguousarray(c["latent"])
-        smla.write_cache(lat, c["rope"], phys, dense, block_size=1, **{k: v for k, v in kw.items() if k != "block_size"})
+        smla.write_cache(lat, c["rope"], phys, dense, format=c["fmt"], k_scale=kw["k_scale"], block_size=1)
         flat[...] = dense
         assert np.array_equal(c["base"], want), f"case {n}: cache differs from the dense write"
     print(f"fuzz write_cache: {n} cases in {time.monotonic() - t0:.1f} s: {ok} written and matched, {refused} refused")
