@@ -390,3 +390,70 @@ def test_fuzz_write_cache_cpu():
         assert np.array_equal(c["base"], want), f"case {n}: cache differs from the dense write"
     print(f"fuzz write_cache: {n} cases in {time.monotonic() - t0:.1f} s: {ok} written and matched, {refused} refused")
     assert ok >= n // 10 and refused >= n // 20, (ok, refused)
+
+
+# ---------------------------------------------------------------------------------------------
+# index conversion: layouts, int64 requests, outputs over the inputs
+
+
+def test_fuzz_convert_indices_cpu():
+    rng = np.random.default_rng(22)
+    n = ok = refused = 0
+    t0 = time.monotonic()
+    while n < 20000 and (n < 1000 or time.monotonic() - t0 < 1.5):
+        n += 1
+        T, K, R, M, B = (int(rng.integers(0, 4)), int(rng.integers(1, 6)), int(rng.integers(1, 4)),
+                         int(rng.integers(1, 4)), int(rng.choice([1, 4, 64])))
+        must = []
+        pos, bad = layout(rng, rng.integers(-2, M * B + 3, (T, K)).astype(np.int32))
+        if bad and bad != "zero outer stride":
+            must.append("positions " + bad)
+        bt, bad = layout(rng, rng.integers(-1, 9, (R, M)).astype(np.int32))
+        if bad and bad != "zero outer stride":
+            must.append("block_table " + bad)
+        req = None
+        if rng.random() < 0.7:
+            req = rng.integers(-1, R + 1, T)
+            if rng.random() < 0.3 and T > 0:
+                req[rng.integers(0, T)] = rng.choice([2**32, 2**32 + 1, -(2**40)])
+                req = req.astype(np.int64)
+            else:
+                req = req.astype(np.int64 if rng.random() < 0.3 else np.int32)
+        elif T > R:
+            must.append("T > num_reqs without req_of_token")
+        phys, bad = layout(rng, np.zeros((T, K), np.int32))
+        if bad:
+            must.append("phys " + bad)
+        counts = np.zeros(T, np.int32)
+        if rng.random() < 0.08 and T > 0 and pos.flags.writeable and pos.flags.c_contiguous:
+            phys = pos  # in place
+        if rng.random() < 0.05 and T > 0 and phys.flags.c_contiguous and phys.size >= T:
+            counts = phys.reshape(-1)[:T]  # counts inside phys
+        stride_rows = B + int(rng.integers(0, 3))
+        for a, b in [(phys, pos), (phys, bt), (counts, pos), (counts, phys), (counts, bt)] + (
+                [(phys, req), (counts, req)] if req is not None else []):
+            if a.size and b.size and np.may_share_memory(a, b):
+                must.append("an output overlaps")
+        before = [np.array(x, copy=True) for x in (pos, bt)]
+        try:
+            smla.convert_indices(pos, bt, block_size=B, block_stride_rows=stride_rows, req_of_token=req, phys=phys,
+                                 counts=counts)
+        except smla.SmlaError as e:
+            refused += 1
+            assert "\n" not in str(e), f"case {n}: multi-line error {e!r}"
+            assert all(np.array_equal(x, y) for x, y in zip((pos, bt), before)), f"case {n}: refused after writing"
+            continue
+        except Exception as e:  # noqa: BLE001 - the point of the test
+            pytest.fail(f"case {n}: {type(e).__name__} instead of SmlaError: {e} (must={must})")
+        assert not must, f"case {n}: accepted although {must}"
+        ok += 1
+        req32 = None
+        if req is not None:
+            r64 = np.asarray(req, np.int64)
+            req32 = np.where((r64 >= -(2**31)) & (r64 < 2**31), r64, -1).astype(np.int32)  # no request
+        want_phys, want_counts = smla.convert_indices(np.ascontiguousarray(before[0]), np.ascontiguousarray(before[1]),
+                                                      block_size=B, block_stride_rows=stride_rows,
+                                                      req_of_token=req32)
+        assert np.array_equal(phys, want_phys) and np.array_equal(counts, want_counts), f"case {n}: differs"
+    print(f"fuzz convert_indices: {n} cases in {time.monotonic() - t0:.1f} s: {ok} matched, {refused} refused")
+    assert ok >= n // 10 and refused >= n // 20, (ok, refused)
