@@ -4,6 +4,9 @@
 #include <cstddef>
 #include <string>
 
+#include "smla/cache.h"
+#include "smla/cuda_serving.h"
+#include "smla/index.h"
 #include "smla/params.h"
 #include "smla/support.h"
 
@@ -32,5 +35,14 @@ std::string cuda_kernel_for(const Geometry& g);
 // Runs p whose pointers are HOST memory on the chosen backend (the CUDA path copies to and from
 // the device and synchronizes). kv_bytes: size of the buffer p.kv points to.
 void run_host(Backend backend, const SparseMlaParams& p, size_t kv_bytes);
+
+// The serving kernels on a backend: the CPU reference with host pointers, or the CUDA kernels with
+// device pointers on `stream` (a cudaStream_t; the caller has made the pointers' device current).
+// Each validates p first and throws Error before touching memory; the CUDA path never allocates
+// or synchronizes.
+void write_cache(Backend backend, const CacheWriteParams& p, void* stream);
+void convert_indices(Backend backend, const IndexConvertParams& p, void* stream);
+// Rows with counts[t] <= 0 get out 0 and LSE -inf; no other row is touched.
+void finish_empty_rows(Backend backend, const cuda::FinishEmptyParams& p, void* stream);
 
 }  // namespace smla

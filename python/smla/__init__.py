@@ -35,6 +35,11 @@ from ._arrays import framework as _framework
 from ._arrays import is_cuda as _is_cuda
 from ._arrays import resolve_stream as _stream
 from ._arrays import allocator as _allocator
+from ._arrays import as_f32 as _f32
+from ._arrays import as_int as _int
+from ._arrays import check_ndim as _ndim
+from ._arrays import dl_out as _dl_out
+from ._arrays import narrow_int32 as _narrow_int32
 from ._smla import (
     LATENT_DIM,
     ROPE_DIM,
@@ -75,12 +80,33 @@ def _lse_base(lse_base):
 
 
 def _split_q(q):
-    """q or the (q_nope [T, H, 512], q_pe [T, H, 64]) pair."""
+    """q or the (q_nope [T, H, 512], q_pe [T, H, 64]) pair; [T, H] of q."""
     if isinstance(q, (tuple, list)):
         if len(q) != 2:
             raise SmlaError("q must be one [T, H, D] tensor or the pair (q_nope [T, H, 512], q_pe [T, H, 64])")
+        _ndim(q[0], "q", 3, "[T, H, 512] (the latent part of the (q_nope, q_pe) pair)")
+        _ndim(q[1], "q_pe", 3, "[T, H, 64] (the RoPE part of the (q_nope, q_pe) pair)")
         return q[0], q[1]
+    _ndim(q, "q", 3, "[T, H, 576] (or [T, H, 512] with rope_dim=0, or the pair (q_nope, q_pe))")
     return q, None
+
+
+_SCALE_HINT = " (DeepSeek-V3.2: smla.DEEPSEEK_V32_SOFTMAX_SCALE)"
+
+
+def _call(what, fn, *args, **kwargs):
+    """fn(*args, **kwargs), with nanobind's refusal of an argument (a TypeError listing every
+    overload) turned into one SmlaError line. The Python layer checks arguments first, so this is
+    the backstop for array objects DLPack cannot carry."""
+    try:
+        return fn(*args, **kwargs)
+    except TypeError as e:
+        msg = str(e)
+        if "incompatible function arguments" not in msg:
+            raise
+        invoked = next((ln.strip() for ln in msg.splitlines() if ln.strip().startswith("Invoked with")), "")
+        raise SmlaError(f"{what}: an argument is not an array smla can take through DLPack ({invoked}); pass "
+                        f"NumPy, PyTorch or CuPy arrays of the documented dtypes") from None
 
 
 def _out_kind(q, out_dtype):
@@ -126,15 +152,19 @@ def sparse_mla(q, kv, idx, *, format, softmax_scale, counts=None, sink=None, q_s
     """
     q_nope, q_pe = _split_q(q)
     T, H = int(q_nope.shape[0]), int(q_nope.shape[1])
+    scale = _f32(softmax_scale, "softmax_scale", _SCALE_HINT)
+    qs, ks = _f32(q_scale, "q_scale"), _f32(k_scale, "k_scale")
+    rd = _int(rope_dim, "rope_dim")
     if out is None:
         out = _empty(q_nope, (T, H, LATENT_DIM), _out_kind(q_nope, out_dtype))
     if lse is None and return_lse:
         lse = _empty(q_nope, (T, H), "f32")
     base = _lse_base(lse_base) if lse is not None else None
-    _smla._sparse_mla(
-        _dl(q_nope), _dl(q_pe), _dl(kv), _dl(idx), _dl(counts), _dl(sink), _dl(out), _dl(lse),
-        format=str(format), softmax_scale=float(softmax_scale), q_scale=float(q_scale), k_scale=float(k_scale),
-        rope_dim=int(rope_dim), lse_base=base, q_dtype=q_dtype, workspace=_dl(workspace),
+    _call(
+        "sparse_mla", _smla._sparse_mla, _dl(q_nope, "q"), _dl(q_pe, "q_pe"), _dl(kv, "kv"), _dl(idx, "idx"),
+        _dl(counts, "counts"), _dl(sink, "sink"), _dl_out(out, "out"), _dl_out(lse, "lse"),
+        format=str(format), softmax_scale=scale, q_scale=qs, k_scale=ks, rope_dim=rd, lse_base=base,
+        q_dtype=None if q_dtype is None else str(q_dtype), workspace=_dl_out(workspace, "workspace"),
         stream=_stream(stream, q_nope), alloc=_allocator(q_nope) if _is_cuda(q_nope) else None)
     return out, lse
 
@@ -152,11 +182,17 @@ class Plan:
 
     def __init__(self, num_heads, topk, *, rope_dim=64, format="bf16", q_dtype="bf16", lse_base="e", sink=False,
                  max_rows=1, graph_sizes=(), batch_invariant=False, backend="cuda", device=0):
+        i64 = (-(2**63), 2**63 - 1)
         self._plan = _smla._Plan(
-            num_heads=int(num_heads), topk=int(topk), rope_dim=int(rope_dim), format=str(format),
-            q_dtype=str(q_dtype), lse_base=_lse_base(lse_base), sink=bool(sink), max_rows=int(max_rows),
-            graph_sizes=[int(g) for g in graph_sizes], batch_invariant=bool(batch_invariant), backend=str(backend),
-            device=int(device))
+            num_heads=_int(num_heads, "num_heads", what="the query head count (1 to 128)"),
+            topk=_int(topk, "topk", what="the top-k capacity K (>= 1)"),
+            rope_dim=_int(rope_dim, "rope_dim", what="64 or 0"),
+            format=str(format), q_dtype=str(q_dtype), lse_base=_lse_base(lse_base), sink=bool(sink),
+            max_rows=_int(max_rows, "max_rows", *i64, "the largest T of any run"),
+            graph_sizes=[_int(g, "graph_sizes", *i64, "the engine's CUDA-graph batch sizes (<= max_rows)")
+                         for g in graph_sizes],
+            batch_invariant=bool(batch_invariant), backend=str(backend),
+            device=_int(device, "device", what="a CUDA device ordinal"))
 
     def __getattr__(self, name):
         # workspace_bytes, schedules, schedule_for, num_heads, topk, rope_dim, format, q_dtype,
@@ -182,37 +218,29 @@ class Plan:
         """Runs the planned geometry into the caller's out (and lse when the plan has LSE on).
         q may be the (q_nope, q_pe) pair. Allocates nothing."""
         q_nope, q_pe = _split_q(q)
-        self._plan.run(
-            _dl(q_nope), _dl(kv), _dl(idx), _dl(out), softmax_scale=float(softmax_scale), q_rope=_dl(q_pe),
-            counts=_dl(counts), sink=_dl(sink), lse=_dl(lse), q_scale=float(q_scale), k_scale=float(k_scale),
-            workspace=_dl(workspace), stream=_stream(stream, q_nope))
+        _call(
+            "Plan.run", self._plan.run, _dl(q_nope, "q"), _dl(kv, "kv"), _dl(idx, "idx"), _dl_out(out, "out"),
+            softmax_scale=_f32(softmax_scale, "softmax_scale", _SCALE_HINT), q_rope=_dl(q_pe, "q_pe"),
+            counts=_dl(counts, "counts"),
+            sink=_dl(sink, "sink"), lse=_dl_out(lse, "lse"), q_scale=_f32(q_scale, "q_scale"),
+            k_scale=_f32(k_scale, "k_scale"), workspace=_dl_out(workspace, "workspace"),
+            stream=_stream(stream, q_nope))
         return out, lse
 
     def check(self, q, kv, idx, out, *, softmax_scale, counts=None, sink=None, lse=None, q_scale=1.0,
               k_scale=1.0, workspace=None):
         """Raises SmlaError when run() with these arguments would be refused; runs nothing."""
         q_nope, q_pe = _split_q(q)
-        self._plan.check(
-            _dl(q_nope), _dl(kv), _dl(idx), _dl(out), softmax_scale=float(softmax_scale), q_rope=_dl(q_pe),
-            counts=_dl(counts), sink=_dl(sink), lse=_dl(lse), q_scale=float(q_scale), k_scale=float(k_scale),
-            workspace=_dl(workspace))
+        _call(
+            "Plan.check", self._plan.check, _dl(q_nope, "q"), _dl(kv, "kv"), _dl(idx, "idx"), _dl_out(out, "out"),
+            softmax_scale=_f32(softmax_scale, "softmax_scale", _SCALE_HINT), q_rope=_dl(q_pe, "q_pe"),
+            counts=_dl(counts, "counts"),
+            sink=_dl(sink, "sink"), lse=_dl_out(lse, "lse"), q_scale=_f32(q_scale, "q_scale"),
+            k_scale=_f32(k_scale, "k_scale"), workspace=_dl_out(workspace, "workspace"))
 
 
 # ---------------------------------------------------------------------------------------------
 # Serving kernels
-
-
-def _as_int32(x):
-    """int64 index arrays (vLLM's slot_mapping) as int32; other dtypes pass through to the check."""
-    if x is None or _dtype_name(x) != "i64":
-        return x
-    if _framework(x) == "torch":
-        import torch
-
-        return x.to(torch.int32)
-    if isinstance(x, np.ndarray):
-        return x.astype(np.int32)
-    return x.astype("int32")
 
 
 def write_cache(latent, rope, slot_mapping, cache, *, format, k_scale=1.0, block_size=None, src_dtype=None,
@@ -220,14 +248,17 @@ def write_cache(latent, rope, slot_mapping, cache, *, format, k_scale=1.0, block
     """Encodes new tokens into their cache rows (DESIGN.md §3), bit-identical on every backend.
 
     latent [N, 512] and rope [N, 64] (None for rope_dim = 0): bf16 (uint16 bits in NumPy) or fp16.
-    slot_mapping [N] int32 (int64 is converted): slot = block * block_size + offset; negative or
-    past the cache: skipped. cache: [num_blocks, block_size, row] of any element type (uint8 for
+    slot_mapping [N] int32 (int64 is narrowed exactly: a slot outside int32 is past any cache and
+    skipped, never wrapped into another slot): slot = block * block_size + offset; negative or past
+    the cache: skipped. cache: [num_blocks, block_size, row] of any element type (uint8 for
     quantized formats) or [num_rows, row] (then block_size defaults to 1). Returns cache.
     """
-    ref = latent
-    _smla._write_cache(_dl(latent), _dl(rope), _dl(_as_int32(slot_mapping)), _dl(cache), format=str(format),
-                       k_scale=float(k_scale), block_size=block_size, src_dtype=src_dtype,
-                       stream=_stream(stream, ref))
+    _call(
+        "write_cache", _smla._write_cache, _dl(latent, "latent"), _dl(rope, "rope"),
+        _dl(_narrow_int32(slot_mapping, "slot_mapping"), "slot_mapping"), _dl_out(cache, "cache"),
+        format=str(format), k_scale=_f32(k_scale, "k_scale"),
+        block_size=None if block_size is None else _int(block_size, "block_size", 1, 2**31 - 1, "a positive integer"),
+        src_dtype=None if src_dtype is None else str(src_dtype), stream=_stream(stream, latent))
     return cache
 
 
@@ -236,20 +267,28 @@ def convert_indices(positions, block_table, *, block_size, block_stride_rows=Non
     """Request-local top-k positions -> physical cache rows; returns ``(phys, counts)``.
 
     positions int32 [T, K] (-1 padded); block_table int32 [num_reqs, max_blocks];
-    req_of_token int32 [T] (None: row t reads request t). phys[t] holds the valid rows compacted
+    req_of_token int32 [T] (None: row t reads request t; int64 is narrowed exactly: a request
+    outside int32 matches no request and its row comes back empty). phys[t] holds the valid rows compacted
     to the front, -1 after; counts[t] their number. block_stride_rows (default block_size) is the
     rows between blocks in the cache. With dcp_world > 1 only positions this rank owns are kept,
     at their local rows (DESIGN.md §5).
     """
-    T, K = int(positions.shape[0]), int(positions.shape[1])
+    T, K = _ndim(positions, "positions", 2, "int32 [T, K] request-local positions, -1 padded")
     if phys is None:
         phys = _empty(positions, (T, K), "i32")
     if counts is None:
         counts = _empty(positions, (T,), "i32")
-    _smla._convert_indices(
-        _dl(positions), _dl(block_table), _dl(phys), _dl(counts), _dl(_as_int32(req_of_token)),
-        block_size=int(block_size), block_stride_rows=None if block_stride_rows is None else int(block_stride_rows),
-        dcp_world=int(dcp_world), dcp_rank=int(dcp_rank), dcp_interleave=int(dcp_interleave),
+    pos32 = 2**31 - 1
+    _call(
+        "convert_indices", _smla._convert_indices, _dl(positions, "positions"), _dl(block_table, "block_table"),
+        _dl_out(phys, "phys"), _dl_out(counts, "counts"),
+        _dl(_narrow_int32(req_of_token, "req_of_token"), "req_of_token"),
+        block_size=_int(block_size, "block_size", 1, pos32, "a positive integer"),
+        block_stride_rows=None if block_stride_rows is None else _int(block_stride_rows, "block_stride_rows", 1,
+                                                                      2**63 - 1, "a positive integer"),
+        dcp_world=_int(dcp_world, "dcp_world", 1, pos32, "a positive integer"),
+        dcp_rank=_int(dcp_rank, "dcp_rank", 0, pos32, "a rank in [0, dcp_world)"),
+        dcp_interleave=_int(dcp_interleave, "dcp_interleave", 1, pos32, "a positive integer"),
         stream=_stream(stream, positions))
     return phys, counts
 
@@ -257,7 +296,8 @@ def convert_indices(positions, block_table, *, block_size, block_stride_rows=Non
 def finish_empty_rows(counts, out, lse=None, *, stream=None):
     """Rows with counts[t] <= 0 get out 0 and LSE -inf; no other row is touched. For engines that
     skip attention on such rows (sparse_mla itself already writes them so)."""
-    _smla._finish_empty_rows(_dl(counts), _dl(out), _dl(lse), stream=_stream(stream, out))
+    _call("finish_empty_rows", _smla._finish_empty_rows, _dl(counts, "counts"), _dl_out(out, "out"),
+          _dl_out(lse, "lse"), stream=_stream(stream, out))
     return out, lse
 
 
@@ -319,16 +359,18 @@ def local_position(i, world, interleave):
 
 
 def support(num_heads=128, topk=2048, *, rope_dim=64, format="bf16", q_dtype="bf16", lse_base="e", sink=False,
-            backend="cuda"):
-    """"" when `backend` ("cpu" / "cuda") can run this geometry here; otherwise one sentence that
-    says what is unsupported and what to use instead."""
-    return _smla._support(int(num_heads), int(topk), int(rope_dim), str(format), str(q_dtype), _lse_base(lse_base),
-                          bool(sink), str(backend))
+            backend="cuda", device=0):
+    """"" when `backend` ("cpu" / "cuda") can run this geometry here (on CUDA device `device`);
+    otherwise one sentence that says what is unsupported and what to use instead."""
+    return _smla._support(_int(num_heads, "num_heads"), _int(topk, "topk"), _int(rope_dim, "rope_dim"), str(format),
+                          str(q_dtype), _lse_base(lse_base), bool(sink), str(backend),
+                          _int(device, "device"))
 
 
 def kernel_name(num_heads=128, topk=2048, *, rope_dim=64, format="bf16", q_dtype="bf16"):
     """Name of the CUDA kernel that would run the geometry, or "" when there is none."""
-    return _smla._kernel_name(int(num_heads), int(topk), int(rope_dim), str(format), str(q_dtype))
+    return _smla._kernel_name(_int(num_heads, "num_heads"), _int(topk, "topk"), _int(rope_dim, "rope_dim"),
+                              str(format), str(q_dtype))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -66,21 +66,114 @@ def _torch_byte_dtypes():
     return _BYTE_DTYPES
 
 
-def dl(x):
+def dl(x, name="an array"):
     """What the C++ functions accept for x: a DLPack producer or capsule (None stays None)."""
     if x is None:
         return None
     if isinstance(x, np.ndarray):
         if _is_np_bf16(x):
-            return x.view(np.uint16)
-        if x.dtype.kind == "V" or x.dtype.name.startswith("float8"):
-            return x.view(np.uint8)
+            x = x.view(np.uint16)
+        elif x.dtype.kind == "V" or x.dtype.name.startswith("float8"):
+            x = x.view(np.uint8)
+        # DLPack counts strides in elements and wants aligned data; NumPy would refuse the export
+        # (and nanobind then lists every overload) — say which array and how to fix it instead.
+        item = x.dtype.itemsize
+        if any(st % item for st in x.strides) or not x.flags.aligned:
+            raise SmlaError(f"{name} has strides {list(x.strides)} bytes or a data address that are not multiples "
+                            f"of its {item}-byte elements; pass np.ascontiguousarray({name})")
         return x
     if framework(x) == "torch":
         return _torch_dlpack(x)
     if not hasattr(x, "__dlpack__"):
         raise SmlaError(f"expected a DLPack array (NumPy, PyTorch, CuPy, ...); got {type(x).__name__}")
     return x
+
+
+def dl_out(x, name):
+    """dl(x) for an array smla writes: refuses read-only arrays with one line (nanobind's own
+    refusal is a TypeError listing every overload)."""
+    if x is None:
+        return None
+    flags = getattr(x, "flags", None)
+    if isinstance(x, np.ndarray) and not x.flags.writeable or (
+            not isinstance(x, np.ndarray) and framework(x) == "other" and flags is not None
+            and getattr(flags, "writeable", True) is False):
+        raise SmlaError(f"{name} is read-only (its writeable flag is off, e.g. np.broadcast_to or a frozen "
+                        f"array); pass a writable array (np.empty(...) or {name}.copy())")
+    return dl(x, name)
+
+
+def check_ndim(x, name, ndim, form):
+    """x.shape with exactly `ndim` dimensions, else one SmlaError line naming x and its form."""
+    shape = getattr(x, "shape", None)
+    if shape is None:
+        raise SmlaError(f"{name} must be an array {form}; got {type(x).__name__}")
+    if len(shape) != ndim:
+        raise SmlaError(f"{name} must be {form}; got {dtype_label(x)}{list(int(d) for d in shape)} "
+                        f"({len(shape)} dimension{'s' if len(shape) != 1 else ''})")
+    return tuple(int(d) for d in shape)
+
+
+def dtype_label(x):
+    return str(getattr(x, "dtype", "?")).replace("torch.", "")
+
+
+_I32_MIN, _I32_MAX = -(2**31), 2**31 - 1
+
+
+def as_int(v, name, lo=_I32_MIN, hi=_I32_MAX, what="a smaller value"):
+    """int(v) in [lo, hi] (the C++ integer it becomes), else one SmlaError line naming the argument
+    (nanobind would raise a TypeError for a value that does not fit)."""
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+        if isinstance(v, (float, np.floating)) and float(v).is_integer():
+            v = int(v)
+        else:
+            raise SmlaError(f"{name} must be an integer; got {v!r}")
+    v = int(v)
+    if not lo <= v <= hi:
+        raise SmlaError(f"{name} = {v} does not fit the C++ integer it becomes ([{lo}, {hi}]); pass {what}")
+    return v
+
+
+_F32_MAX = float(np.finfo(np.float32).max)
+
+
+def as_f32(v, name, example=""):
+    """float(v), finite and representable as float32, else one SmlaError line naming the argument."""
+    try:
+        if isinstance(v, (str, bytes, bool)) or v is None:
+            raise TypeError
+        f = float(v)
+    except (TypeError, ValueError):
+        raise SmlaError(f"{name} must be a finite number{example}; got {v!r}") from None
+    if f != f or f in (float("inf"), float("-inf")):
+        raise SmlaError(f"{name} must be finite{example}; got {f!r}")
+    if abs(f) > _F32_MAX:
+        raise SmlaError(f"{name} = {f!r} is outside float32's range (|x| <= {_F32_MAX:.4g}); smla computes in "
+                        f"float32, pass a smaller value{example}")
+    return f
+
+
+def narrow_int32(x, name):
+    """An int64 index array as int32, exactly: values outside int32 become -1 (the "skip" / "no
+    request" value), never another index (astype would wrap 2^32 + 5 to 5). Other dtypes pass
+    through to the C++ check. No host synchronization for device tensors."""
+    if x is None or dtype_name(x) != "i64":
+        return x
+    fw = framework(x)
+    if fw == "torch":
+        import torch
+
+        ok = (x >= _I32_MIN) & (x <= _I32_MAX)
+        return torch.where(ok, x, torch.full_like(x, -1)).to(torch.int32)
+    if fw == "numpy":
+        return np.where((x >= _I32_MIN) & (x <= _I32_MAX), x, -1).astype(np.int32)
+    if fw == "cupy":
+        import cupy
+
+        return cupy.where((x >= _I32_MIN) & (x <= _I32_MAX), x, -1).astype(cupy.int32)
+    raise SmlaError(f"{name} is int64 in a {type(x).__name__}; pass int32 (smla narrows int64 exactly only for "
+                    f"NumPy, PyTorch and CuPy arrays)")
 
 
 def is_cuda(x):

@@ -13,7 +13,7 @@ Elem elem_of(dl::dtype t) {
   switch (dl::dtype_code(t.code)) {
     case dl::dtype_code::Bfloat: return t.bits == 16 ? Elem::kBF16 : Elem::kOther;
     case dl::dtype_code::Float:
-      return t.bits == 16 ? Elem::kFP16 : t.bits == 32 ? Elem::kFP32 : Elem::kOther;
+      return t.bits == 16 ? Elem::kFP16 : t.bits == 32 ? Elem::kFP32 : t.bits == 64 ? Elem::kF64 : Elem::kOther;
     case dl::dtype_code::UInt:
       return t.bits == 16 ? Elem::kU16 : t.bits == 8 ? Elem::kU8 : Elem::kOther;
     case dl::dtype_code::Int:
@@ -23,6 +23,20 @@ Elem elem_of(dl::dtype t) {
       // float8_e4m3fn (DLPack code 10 in newer versions); other float8 kinds are not e4m3fn.
       return (t.code == 10 && t.bits == 8) ? Elem::kE4M3 : Elem::kOther;
   }
+}
+
+// What dimension i of the named argument is called, for stride messages.
+std::string dim_label(const std::string& name, int ndim, int i) {
+  static const char* tok_head[] = {"token", "head", "feature"};
+  static const char* tok_entry[] = {"token", "entry"};
+  if ((name == "q" || name == "q_rope" || name == "out" || name == "lse") && i < 3)
+    return std::string(tok_head[i]) + " stride (dim " + std::to_string(i) + ")";
+  if ((name == "idx" || name == "positions" || name == "phys") && i < 2)
+    return std::string(tok_entry[i]) + " stride (dim " + std::to_string(i) + ")";
+  if ((name == "kv" || name == "cache") && ndim == 3 && i < 2)
+    return std::string(i == 0 ? "block" : "row") + " stride (dim " + std::to_string(i) + ")";
+  if ((name == "kv" || name == "cache") && ndim == 2 && i == 0) return "row stride (dim 0)";
+  return "stride of dim " + std::to_string(i);
 }
 
 template <typename A>
@@ -49,6 +63,11 @@ View make_view(const A& a, const char* name) {
     v.stride[i] = (empty || v.shape[i] == 1) ? dense : a.stride(i);
     dense = v.stride[i] * std::max<int64_t>(v.shape[i], 1);
   }
+  for (int i = 0; i < v.ndim(); ++i)
+    SMLA_CHECK(v.stride[i] >= 0, v.name + " has a negative " + dim_label(v.name, v.ndim(), i) + " of " +
+                                     std::to_string(v.stride[i]) + " elements (a reversed view such as " + v.name +
+                                     "[::-1]); pass a copy with non-negative strides (np.ascontiguousarray / "
+                                     ".contiguous())");
   return v;
 }
 
@@ -61,6 +80,7 @@ std::string elem_name(Elem e) {
     case Elem::kBF16: return "bfloat16";
     case Elem::kFP16: return "float16";
     case Elem::kFP32: return "float32";
+    case Elem::kF64: return "float64";
     case Elem::kU16: return "uint16";
     case Elem::kI16: return "int16";
     case Elem::kU8: return "uint8";
@@ -68,7 +88,7 @@ std::string elem_name(Elem e) {
     case Elem::kE4M3: return "float8_e4m3fn";
     case Elem::kI32: return "int32";
     case Elem::kI64: return "int64";
-    default: return "an unsupported dtype";
+    default: return "an unsupported dtype";  // float64, complex, bool, ...
   }
 }
 
@@ -153,6 +173,78 @@ Device common_device(std::initializer_list<const View*> views) {
   return first->device;
 }
 
+namespace {
+std::string hex(const void* p) {
+  std::ostringstream o;
+  o << p;
+  return o.str();
+}
+bool extents_overlap(const View& a, const View& b) {
+  const int64_t na = a.span_bytes(), nb = b.span_bytes();
+  if (na == 0 || nb == 0 || !(a.device == b.device)) return false;
+  const auto pa = reinterpret_cast<uintptr_t>(a.data), pb = reinterpret_cast<uintptr_t>(b.data);
+  return pa < pb + uintptr_t(nb) && pb < pa + uintptr_t(na);
+}
+std::string extent(const View& v) {
+  return "[" + hex(v.data) + ", +" + std::to_string(v.span_bytes()) + " bytes)";
+}
+}  // namespace
+
+void expect_disjoint(const std::vector<const View*>& outs, const std::vector<const View*>& ins) {
+  for (size_t i = 0; i < outs.size(); ++i) {
+    if (!outs[i]) continue;
+    const View& o = *outs[i];
+    auto refuse = [&](const View& other, const char* role) {
+      fail(o.name + " overlaps " + other.name + " (" + role + "): " + o.name + "'s bytes " + extent(o) + " and " +
+           other.name + "'s " + extent(other) + " share memory; give " + o.name +
+           " its own buffer (np.empty / torch.empty), outputs are written while inputs are read");
+    };
+    for (size_t j = i + 1; j < outs.size(); ++j)
+      if (outs[j] && extents_overlap(o, *outs[j])) refuse(*outs[j], "another output");
+    for (const View* in : ins)
+      if (in && extents_overlap(o, *in)) refuse(*in, "an input");
+  }
+}
+
+void expect_no_self_overlap(const View& v) {
+  if (v.numel() <= 1) return;
+  // Sort the dimensions of extent > 1 by stride; each must step past everything inside it.
+  std::vector<int> dims;
+  for (int i = 0; i < v.ndim(); ++i)
+    if (v.shape[i] > 1) dims.push_back(i);
+  std::sort(dims.begin(), dims.end(), [&](int a, int b) { return v.stride[a] < v.stride[b]; });
+  int64_t inner = 1;  // elements spanned by the dimensions inside this one
+  for (int d : dims) {
+    SMLA_CHECK(v.stride[d] >= inner,
+               v.name + " overlaps itself: " + dim_label(v.name, v.ndim(), d) + " is " + std::to_string(v.stride[d]) +
+                   " elements but must be >= " + std::to_string(inner) + " (" + v.describe() + ", strides " +
+                   shape_str(v.stride) + "); an output needs one element of memory per entry (np.empty / "
+                   "torch.empty, not a broadcast or expanded view)");
+    inner = v.stride[d] * (v.shape[d] - 1) + inner;
+  }
+}
+
+void expect_cache_elem(const View& c, KvFormat format) {
+  const bool bytes = c.itemsize == 1 && (c.elem == Elem::kU8 || c.elem == Elem::kI8 || c.elem == Elem::kE4M3);
+  const bool bits16 = c.elem == Elem::kU16 || c.elem == Elem::kI16;
+  bool ok = bytes;
+  std::string want = "uint8 bytes";
+  if (format == KvFormat::kBF16) {
+    ok = ok || bits16 || c.elem == Elem::kBF16;
+    want = "bfloat16, uint16 bf16 bits or uint8 bytes";
+  } else if (format == KvFormat::kFP16) {
+    ok = ok || bits16 || c.elem == Elem::kFP16;
+    want = "float16, uint16 fp16 bits or uint8 bytes";
+  }
+  const std::string fmt(to_string(format));
+  const std::string e = c.elem == Elem::kOther ? std::to_string(c.itemsize * 8) + "-bit" : elem_name(c.elem);
+  SMLA_CHECK(ok, c.name + " holds " + e + " elements (" + c.describe() + ") but format " + fmt +
+                     " stores " + fmt + " rows; pass the cache as " + want +
+                     (format == KvFormat::kBF16 ? " (convert values with smla.bf16_bits or .to(torch.bfloat16))"
+                                                : " (a byte view of the encoded rows: .view(np.uint8) / "
+                                                  ".view(torch.uint8))"));
+}
+
 DType q_dtype_of(const View& q, const DType* hint) {
   DType d;
   switch (q.elem) {
@@ -211,19 +303,30 @@ RowView row_view(const View& kv, int64_t row_bytes_needed, const std::string& fo
   SMLA_CHECK(r.row_width_bytes >= row_bytes_needed, kv.name + " must be " + form + "; got rows of " +
                                                         std::to_string(r.row_width_bytes) + " bytes (" +
                                                         kv.describe() + ")");
+  // Rows must be distinct: a row stride below the row size (0 for np.broadcast_to / expand views)
+  // would make every row read, or write, the same bytes.
+  const int64_t row_dim = kv.ndim() - 2;
+  const int64_t rs_bytes = kv.stride[row_dim] * kv.itemsize;
+  SMLA_CHECK(kv.shape[row_dim] <= 1 || rs_bytes >= row_bytes_needed,
+             kv.name + "'s row stride is " + std::to_string(rs_bytes) + " bytes but a " + format_name + " row is " +
+                 std::to_string(row_bytes_needed) + " bytes (" + kv.describe() + ", strides " + shape_str(kv.stride) +
+                 "); pass a cache whose rows are distinct memory (not a broadcast or expanded view)");
   if (kv.ndim() == 2) {
     r.num_rows = kv.shape[0];
-    r.row_stride_bytes = kv.stride[0] * kv.itemsize;
+    r.row_stride_bytes = kv.shape[0] <= 1 ? std::max(rs_bytes, row_bytes_needed) : rs_bytes;
     return r;
   }
   const int64_t nb = kv.shape[0], bs = kv.shape[1];
   SMLA_CHECK(bs >= 1 && bs <= (int64_t(1) << 30), kv.name + ": block_size must be >= 1; got " + kv.describe());
   r.block_size = int(bs);
-  r.row_stride_bytes = kv.stride[1] * kv.itemsize;
-  SMLA_CHECK(kv.stride[0] % kv.stride[1] == 0 && kv.stride[0] / kv.stride[1] >= bs,
-             kv.name + ": the block stride (" + std::to_string(kv.stride[0]) +
-                 " elements) must be a multiple of the row stride (" + std::to_string(kv.stride[1]) +
-                 ") and span at least block_size rows");
+  // make_view gave a size-1 row dimension the dense stride, so the row stride is never 0 here.
+  r.row_stride_bytes = std::max(rs_bytes, row_bytes_needed);
+  const int64_t row_stride = kv.stride[1];
+  SMLA_CHECK(row_stride > 0 && kv.stride[0] % row_stride == 0 && (nb <= 1 || kv.stride[0] / row_stride >= bs),
+             kv.name + "'s block stride (" + std::to_string(kv.stride[0]) +
+                 " elements) must be a multiple of its row stride (" + std::to_string(row_stride) +
+                 ") and span at least block_size = " + std::to_string(bs) + " rows (" + kv.describe() + ", strides " +
+                 shape_str(kv.stride) + "); pass a cache whose blocks are distinct memory");
   r.block_stride_rows = kv.stride[0] / kv.stride[1];
   r.num_rows = nb == 0 ? 0 : (nb - 1) * r.block_stride_rows + bs;
   return r;

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "smla/formats.h"
 #include "smla/types.h"
 
 namespace smla::py {
@@ -32,10 +33,11 @@ std::string to_string(const Device& d);
 
 // The element types the API distinguishes. 16-bit unsigned ints carry bf16 bits (NumPy has no
 // bf16); 8-bit ints and float8_e4m3fn carry e4m3 or raw cache bytes.
-enum class Elem { kBF16, kFP16, kFP32, kU16, kI16, kU8, kI8, kE4M3, kI32, kI64, kOther };
+enum class Elem { kBF16, kFP16, kFP32, kF64, kU16, kI16, kU8, kI8, kE4M3, kI32, kI64, kOther };
 
 // One array's facts, read once: pointer, device, element type, shape, strides in elements (a
-// size-1 dimension gets the dense stride, since frameworks report arbitrary ones there).
+// size-1 dimension gets the dense stride, since frameworks report arbitrary ones there). view()
+// refuses negative strides (a reversed view), naming the dimension.
 struct View {
   std::string name;  // the argument name, for messages
   void* data = nullptr;
@@ -66,6 +68,20 @@ void expect_contiguous(const View& v, const std::string& what);
 void expect_elem(const View& v, Elem e, const std::string& what);
 // Throws unless every view is on the same device as the first; returns it.
 Device common_device(std::initializer_list<const View*> views);
+
+// Outputs must not share bytes with each other or with any input: the kernels read inputs while
+// they write outputs, and write each output element once. Compares the byte extents
+// [data, data + span) of arrays on one device (disjoint extents cannot share an element; arrays
+// interleaved inside one extent are refused too, conservatively). Null entries are skipped.
+void expect_disjoint(const std::vector<const View*>& outputs, const std::vector<const View*>& inputs);
+// An output whose elements alias each other (a zero or too-small stride, e.g. a broadcast view)
+// would be written twice; refused.
+void expect_no_self_overlap(const View& out);
+
+// The element types a cache of `format` may arrive as: its own 16-bit type or 16-bit integer bits
+// (bf16 / fp16 formats), or bytes (every format; int8 and float8 count as bytes). Anything else
+// (float32 for bf16, float16 for bf16, ...) would be reinterpreted silently; refused.
+void expect_cache_elem(const View& cache, KvFormat format);
 
 // q's element type: bf16 / fp16 natively, uint16 as bf16 bits (fp16 when hint == kFP16), 8-bit as
 // e4m3. hint (nullable) is the caller's q_dtype ("bf16" / "fp16" / "e4m3"), which must agree.

@@ -1,4 +1,4 @@
-// The CPU reference (smla/reference.h) against DESIGN.md §1: hand-computed small cases for every
+// The CPU reference (src/reference/sparse_mla.h) against DESIGN.md §1: hand-computed small cases for every
 // edge rule, and random problems against a straight formula written here (long double, on rows
 // decoded with the codecs that test_formats.cpp holds to the byte layouts).
 #include <gtest/gtest.h>

@@ -361,3 +361,103 @@ def test_readme_vllm_style_layer():
     assert rel_l2(out[:1].float().cpu().numpy(), want_out) <= 1e-2
     assert lse_diff(lse[:1].cpu().numpy(), want_lse) <= 1e-3
     assert bool((out[1] == 0).all()) and bool(torch.isneginf(lse[1]).all())
+
+
+# ---------------------------------------------------------------------------------------------
+# issue #20 on CUDA tensors: the inputs the CPU suite refuses (test_hardening_cpu.py) are refused
+# here too, before any launch, or give the defined result
+
+
+def one_line(excinfo, *words):
+    msg = str(excinfo.value)
+    assert isinstance(excinfo.value, smla.SmlaError) and "\n" not in msg, msg
+    for w in words:
+        assert w in msg, f"{w!r} not in {msg!r}"
+
+
+def test_cuda_bad_inputs_are_refused_before_launch():
+    T, H, K, N = 3, 16, 64, 200
+    q, kv, idx, _, _ = make_problem(T, H, K, N, poison_unselected=False)
+    # a paged cache whose rows (or blocks) are one row of memory: expand() gives stride 0
+    paged = kv[:1].view(torch.uint8).view(1, 1, 1152).expand(4, 8, 1152)
+    with pytest.raises(smla.SmlaError) as e:
+        smla.sparse_mla(q, paged, idx, format="bf16", softmax_scale=0.1)
+    one_line(e, "kv", "stride")
+    # a float32 cache for bf16, a float32 cache for fp8_ds_mla
+    with pytest.raises(smla.SmlaError) as e:
+        smla.sparse_mla(q, kv.float(), idx, format="bf16", softmax_scale=0.1)
+    one_line(e, "kv", "bf16")
+    with pytest.raises(smla.SmlaError) as e:
+        smla.sparse_mla(q.view(torch.uint8)[..., :576].contiguous(), torch.zeros(N, 164, device=DEV), idx,
+                        format="fp8_ds_mla", softmax_scale=0.1)
+    one_line(e, "kv", "fp8_ds_mla")
+    # lse inside out, out inside kv, out inside idx, an output overlapping itself
+    out = torch.empty(T, H, 512, dtype=torch.bfloat16, device=DEV)
+    lse_in_out = out.view(torch.float32).view(T, H * 256)[:, :H]  # heads contiguous, inside out's rows
+    with pytest.raises(smla.SmlaError) as e:
+        smla.sparse_mla(q, kv, idx, format="bf16", softmax_scale=0.1, out=out, lse=lse_in_out)
+    one_line(e, "overlap")
+    out_in_kv = kv[: T * H].view(T, H, 576)[..., :512]
+    with pytest.raises(smla.SmlaError) as e:
+        smla.sparse_mla(q, kv, idx, format="bf16", softmax_scale=0.1, out=out_in_kv)
+    one_line(e, "out", "kv", "overlap")
+    big_idx = torch.full((T, T * H * 512), -1, dtype=torch.int32, device=DEV)
+    big_idx[:, :K] = idx
+    out_in_idx = big_idx.view(torch.bfloat16)[:, : H * 512].reshape(T, H, 512)
+    with pytest.raises(smla.SmlaError) as e:
+        smla.sparse_mla(q, kv, big_idx, format="bf16", softmax_scale=0.1, out=out_in_idx)
+    one_line(e, "out", "idx", "overlap")
+    with pytest.raises(smla.SmlaError) as e:
+        smla.sparse_mla(q, kv, idx, format="bf16", softmax_scale=0.1, out=out[:1].expand(T, H, 512))
+    one_line(e, "out", "overlap")
+    # q of the wrong rank, Plan integers, scales
+    with pytest.raises(smla.SmlaError) as e:
+        smla.sparse_mla(q[0, 0], kv, idx, format="bf16", softmax_scale=0.1)
+    one_line(e, "q")
+    with pytest.raises(smla.SmlaError) as e:
+        smla.Plan(2**31, 64)
+    one_line(e, "num_heads")
+    with pytest.raises(smla.SmlaError) as e:
+        smla.sparse_mla(q, kv, idx, format="bf16", softmax_scale=None)
+    one_line(e, "softmax_scale")
+    # finish_empty_rows with 5 counts for 3 rows blames counts
+    with pytest.raises(smla.SmlaError) as e:
+        smla.finish_empty_rows(torch.zeros(5, dtype=torch.int32, device=DEV), out)
+    assert str(e.value).startswith("counts")
+    torch.cuda.synchronize()  # nothing was launched that could fail asynchronously
+
+
+def test_cuda_int64_slots_and_requests_are_narrowed_exactly():
+    lat = torch.ones(2, 512, dtype=torch.bfloat16, device=DEV)
+    rope = torch.ones(2, 64, dtype=torch.bfloat16, device=DEV)
+    cache = torch.zeros(2, 8, 1152, dtype=torch.uint8, device=DEV)
+    smla.write_cache(lat, rope, torch.tensor([2**32 + 5, -(2**32) + 6], dtype=torch.int64, device=DEV), cache,
+                     format="bf16")
+    assert not bool(cache.any()), "a slot outside int32 wrote a row"
+    pos = torch.tensor([[0, 1, 2], [0, 1, 2]], dtype=torch.int32, device=DEV)
+    bt = torch.tensor([[0], [1]], dtype=torch.int32, device=DEV)
+    phys, counts = smla.convert_indices(pos, bt, block_size=64,
+                                        req_of_token=torch.tensor([0, 2**32 + 1], dtype=torch.int64, device=DEV))
+    assert counts.tolist() == [3, 0] and phys[1].tolist() == [-1, -1, -1]
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_any_device():
+    """Tensors on cuda:1 run on cuda:1 (one call and a plan made for device 1), whatever the
+    current device is."""
+    dev1 = torch.device("cuda:1")
+    q, kv, idx, cnt, _ = make_problem(4, 16, 128, 1000, counts=True, poison_unselected=False)
+    q1, kv1, idx1, cnt1 = q.to(dev1), kv.to(dev1), idx.to(dev1), cnt.to(dev1)
+    want_out, want_lse = cpu_reference(q, kv, idx, "bf16", cnt)
+    with torch.cuda.device(0):
+        out, lse = smla.sparse_mla(q1, kv1, idx1, format="bf16", softmax_scale=DS_SCALE, counts=cnt1)
+        assert out.device == dev1
+        plan = smla.Plan(16, 128, format="bf16", max_rows=4, device=1)
+        ws = plan.new_workspace(q1)
+        out2 = torch.empty_like(out)
+        lse2 = torch.empty_like(lse)
+        plan.run(q1, kv1, idx1, out2, softmax_scale=DS_SCALE, counts=cnt1, lse=lse2, workspace=ws)
+    torch.cuda.synchronize(dev1)
+    assert rel_l2(out.float().cpu().numpy(), want_out) <= 1e-2
+    assert lse_diff(lse.cpu().numpy(), want_lse) <= 1e-3
+    torch.testing.assert_close(out2, out, rtol=0, atol=0)

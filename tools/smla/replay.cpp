@@ -1,5 +1,5 @@
 // smla replay DUMP.safetensors [--backend cpu|cuda] --out RESULT.safetensors [--out-dtype bf16|f32]
-// Runs one dumped attention call and writes out [T,H,512] and lse [T,H] (smla/replay.h).
+// Runs one dumped attention call and writes out [T,H,512] and lse [T,H] (src/devtools/replay.h).
 #include <chrono>
 #include <cstdio>
 #include <string>
