@@ -219,11 +219,14 @@ struct Attention {
   float* d_lse = nullptr;
   void* d_ws = nullptr;
 
+  // A 16-bit q of the cache's type for 16-bit caches (an fp16 cache takes only an fp16 q), bf16
+  // for the quantized ones; out has q's type.
+  static DType q_type(KvFormat f) { return f == KvFormat::kFP16 ? DType::kFP16 : DType::kBF16; }
   static PlanConfig config(KvFormat f, int rope_dim, int K, int64_t max_T) {
     PlanConfig c;
     c.backend = Backend::kCuda, c.max_rows = max_T;
     c.geometry.num_heads = 32, c.geometry.rope_dim = rope_dim, c.geometry.format = f;
-    c.geometry.q_dtype = DType::kBF16, c.geometry.topk = K, c.geometry.lse_mode = LseMode::kBaseE;
+    c.geometry.q_dtype = q_type(f), c.geometry.topk = K, c.geometry.lse_mode = LseMode::kBaseE;
     return c;
   }
   Attention(KvFormat f, int rope_dim_, int K_, int64_t max_T_, std::mt19937_64& rng)
@@ -231,7 +234,7 @@ struct Attention {
     const int D = kLatentDim + rope_dim;
     std::vector<uint16_t> q(size_t(max_T) * H * D);
     std::normal_distribution<float> nd(0.0f, 1.0f);
-    for (auto& x : q) x = num::f32_to_bf16(nd(rng));
+    for (auto& x : q) x = f == KvFormat::kFP16 ? num::f32_to_fp16(nd(rng)) : num::f32_to_bf16(nd(rng));
     d_q = dev_alloc<uint16_t>(q.size());
     to_dev(d_q, q);
     d_out = dev_alloc<uint16_t>(size_t(max_T) * H * kLatentDim);
@@ -245,10 +248,10 @@ struct Attention {
                          const int32_t* counts) const {
     SparseMlaParams p;
     p.num_tokens = T, p.num_heads = H, p.rope_dim = rope_dim, p.topk = K;
-    p.q = d_q, p.q_dtype = DType::kBF16;
+    p.q = d_q, p.q_dtype = q_type(format);
     p.kv = kv, p.num_rows = num_rows, p.kv_row_stride_bytes = stride, p.format = format;
     p.idx = idx, p.counts = counts, p.softmax_scale = 0.1352338f, p.k_scale = 0.05f;
-    p.out = d_out, p.out_dtype = DType::kBF16, p.lse = d_lse, p.lse_mode = LseMode::kBaseE;
+    p.out = d_out, p.out_dtype = q_type(format), p.lse = d_lse, p.lse_mode = LseMode::kBaseE;
     set_dense_strides(p);
     p.kv_row_stride_bytes = stride;
     return p;

@@ -79,6 +79,12 @@ Args parse_args(int argc, char** argv, int first) {
 
 }  // namespace smla::cli
 
+#if SMLA_HAVE_CUDA
+namespace smla::cli {
+int bench_hisparse(const Args& a);  // smla bench --hisparse (tools/smla/bench_hisparse.cpp)
+}
+#endif
+
 namespace {
 void usage() {
   std::puts(
@@ -86,6 +92,7 @@ void usage() {
       "  info   [--heads H --format F --topk K --rope-dim 64|0]   build, devices, which kernel runs\n"
       "  check  [--seed N --quick]                                random problems, every backend vs reference\n"
       "  bench  [--backend cpu|cuda --heads 128,16 --T 1,32,128 --topk 2048 --format bf16 [--q e4m3] [--splits N] [--phases] [--graph] --json F]\n"
+      "  bench  --hisparse [--formats fp8_ds_mla,bf16 --B 1,32,128 --reuse 0,50,90,100 --topk 2048 --heads 128 --context 16384 --json F]\n"
       "  replay DUMP.safetensors [--backend cpu|cuda] --out RESULT.safetensors [--out-dtype bf16|f32]");
 }
 }  // namespace
@@ -100,6 +107,9 @@ int main(int argc, char** argv) {
     const auto args = smla::cli::parse_args(argc, argv, 2);
     if (cmd == "info") return smla::cli::cmd_info(args);
     if (cmd == "check") return smla::cli::cmd_check(args);
+#if SMLA_HAVE_CUDA
+    if (cmd == "bench" && args.has("hisparse")) return smla::cli::bench_hisparse(args);
+#endif
     if (cmd == "bench") return smla::cli::cmd_bench(args);
     if (cmd == "replay") return smla::cli::cmd_replay(args);
     std::fprintf(stderr, "smla: unknown command '%s'\n", cmd.c_str());
