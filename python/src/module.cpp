@@ -620,6 +620,10 @@ std::pair<StDict, std::map<std::string, std::string>> call_replay(const nb::byte
 }  // namespace
 }  // namespace smla::py
 
+namespace smla::py {
+void register_tiered(nb::module_& m);  // python/src/tiered.cpp: smla.TieredCache
+}  // namespace smla::py
+
 NB_MODULE(_smla, m) {
   using namespace smla;
   using namespace smla::py;
@@ -752,4 +756,5 @@ NB_MODULE(_smla, m) {
   m.def("_replay", &call_replay, "dump"_a, "backend"_a, "out_dtype"_a);
   m.def("_st_parse", &st_parse_bytes, "data"_a);
   m.def("_st_serialize", &st_serialize_py, "tensors"_a, "metadata"_a);
+  register_tiered(m);
 }
