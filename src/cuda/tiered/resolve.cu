@@ -19,7 +19,6 @@
 #include <cub/block/block_scan.cuh>
 #include <cuda_runtime.h>
 
-#include <mutex>
 #include <string>
 
 #include "../serving/check.cuh"
@@ -35,8 +34,10 @@ constexpr int kThreads = 512;
 constexpr int kItems = 16;  // sort keys per thread
 static_assert(kThreads * kItems == kTieredMaxHotSlots);
 constexpr int kSlotBits = 13;  // slot < 8192
+constexpr int kIlp = 4;        // top-k entries per thread per pass (loads in flight)
 constexpr int kCopyThreads = 256;
 constexpr int kCopyUnroll = 4;  // 16-byte loads in flight per thread
+constexpr int kCopyBlocksPerSm = 4;
 
 struct CopyJob {
   int64_t src_row;  // host-pool row
@@ -155,7 +156,8 @@ __device__ void collect_tokens(const ResolveParams& p, int r, ResolveSmem& sm, i
   __syncthreads();
 }
 
-// Phase 1: stamp hits, claim misses.
+// Phase 1: stamp hits, claim misses. Each thread takes kIlp entries per pass (strided, so loads
+// coalesce) and issues their loads together: one token row of K = 2048 is one pass.
 __device__ void classify_entries(const ResolveParams& p, int r, int32_t len, uint32_t now, ResolveSmem& sm) {
   int32_t* map = p.pos_slot + int64_t(r) * p.max_positions;
   uint32_t* stamps = p.stamps + int64_t(r) * p.R;
@@ -163,23 +165,33 @@ __device__ void classify_entries(const ResolveParams& p, int r, int32_t len, uin
   bool newest = false;
   for (int i = 0; i < sm.num_tokens; ++i) {
     const int32_t* row = p.positions + int64_t(sm.tokens[i]) * p.pos_stride_t;
-    for (int j = int(threadIdx.x); j < p.topk; j += kThreads) {
-      const int32_t pos = row[j];
-      const EntryKind k = classify(p, r, len, pos);
-      if (k == kNewest) newest = true;
-      if (k == kNoPool) ++errors;
-      if (k != kOld) continue;
-      const int32_t slot = map[pos];
-      if (slot >= 0) {
-        if (atomicExch(&stamps[slot], now) != now) ++hits;  // distinct positions counted once
-      } else if (slot == -1 && atomicCAS(&map[pos], -1, -2) == -1) {
-        sm.miss[atomicAdd(&sm.num_miss, 1)] = pos;  // at most R - 1 distinct positions (plan rule)
+    for (int base = 0; base < p.topk; base += kThreads * kIlp) {
+      int32_t pos[kIlp], slot[kIlp];
+      EntryKind kind[kIlp];
+#pragma unroll
+      for (int u = 0; u < kIlp; ++u) {
+        const int j = base + u * kThreads + int(threadIdx.x);
+        pos[u] = j < p.topk ? row[j] : -1;
+      }
+#pragma unroll
+      for (int u = 0; u < kIlp; ++u) kind[u] = classify(p, r, len, pos[u]);
+#pragma unroll
+      for (int u = 0; u < kIlp; ++u) slot[u] = kind[u] == kOld ? map[pos[u]] : -3;
+#pragma unroll
+      for (int u = 0; u < kIlp; ++u) {
+        newest |= kind[u] == kNewest;
+        errors += kind[u] == kNoPool;
+        if (slot[u] >= 0) {
+          if (atomicExch(&stamps[slot[u]], now) != now) ++hits;  // distinct positions counted once
+        } else if (slot[u] == -1 && atomicCAS(&map[pos[u]], -1, -2) == -1) {
+          sm.miss[atomicAdd(&sm.num_miss, 1)] = pos[u];  // at most R - 1 distinct positions (plan rule)
+        }
       }
     }
   }
   if (hits) atomicAdd(&sm.hits, hits);
   if (errors) atomicAdd(&sm.errors, errors);
-  if (newest) sm.newest_used = 1;  // benign race: every writer stores 1
+  if (newest) atomicExch(&sm.newest_used, 1);
 }
 
 // Phase 2a: the claimed misses into sm.sorted_miss, ascending.
@@ -230,7 +242,9 @@ __device__ void assign_victims(const ResolveParams& p, int r, uint32_t now, Reso
   }
 }
 
-// Phase 3: physical hot rows of every token of the request, compacted in entry order.
+// Phase 3: physical hot rows of every token of the request, compacted in entry order. A pass
+// covers kThreads * kIlp entries, thread t holding kIlp consecutive ones (the blocked order the
+// scan numbers them in).
 __device__ void write_rows(const ResolveParams& p, int r, int32_t len, ResolveSmem& sm) {
   const int32_t* map = p.pos_slot + int64_t(r) * p.max_positions;
   for (int i = 0; i < sm.num_tokens; ++i) {
@@ -238,20 +252,25 @@ __device__ void write_rows(const ResolveParams& p, int r, int32_t len, ResolveSm
     const int32_t* row = p.positions + t * p.pos_stride_t;
     int32_t* out = p.phys + t * p.phys_stride_t;
     int n = 0;  // uniform across the block
-    for (int base = 0; base < p.topk; base += kThreads) {
-      const int j = base + int(threadIdx.x);
-      int32_t phys = -1;
-      if (j < p.topk) {
-        const int32_t pos = row[j];
-        const EntryKind k = classify(p, r, len, pos);
-        if (k == kNewest) phys = r * p.R + p.R - 1;
-        if (k == kOld) phys = r * p.R + map[pos];
+    for (int base = 0; base < p.topk; base += kThreads * kIlp) {
+      const int first = base + int(threadIdx.x) * kIlp;
+      int32_t pos[kIlp], phys[kIlp];
+      int valid[kIlp], offset[kIlp];
+#pragma unroll
+      for (int u = 0; u < kIlp; ++u) pos[u] = first + u < p.topk ? row[first + u] : -1;
+#pragma unroll
+      for (int u = 0; u < kIlp; ++u) {
+        const EntryKind k = classify(p, r, len, pos[u]);
+        phys[u] = k == kNewest ? r * p.R + p.R - 1 : k == kOld ? r * p.R + map[pos[u]] : -1;
+        valid[u] = phys[u] >= 0;
       }
-      int offset, total;
-      Scan(sm.scan).ExclusiveSum(phys >= 0 ? 1 : 0, offset, total);
-      if (phys >= 0) out[n + offset] = phys;
+      int total;
+      Scan(sm.scan).ExclusiveSum(valid, offset, total);
+#pragma unroll
+      for (int u = 0; u < kIlp; ++u)
+        if (valid[u]) out[n + offset[u]] = phys[u];
       n += total;
-      __syncthreads();  // the scan storage is reused by the next chunk
+      __syncthreads();  // the scan storage is reused by the next pass
     }
     for (int j = n + int(threadIdx.x); j < p.topk; j += kThreads) out[j] = -1;
     if (threadIdx.x == 0 && p.counts) p.counts[t] = n;
@@ -410,12 +429,9 @@ void resolve_tiered(const TieredCache& cache, const TieredResolveParams& p, void
 
   auto st = static_cast<cudaStream_t>(stream);
   constexpr int kSmem = int(sizeof(ResolveSmem));
-  static std::once_flag attr_once;
-  static cudaError_t attr_err = cudaSuccess;
-  std::call_once(attr_once, [] {
-    attr_err = cudaFuncSetAttribute(resolve_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-  });
-  check_cuda(attr_err, "resolve_kernel shared-memory attribute");
+  // Set on every call: the attribute belongs to the current device, and the call is cheap.
+  check_cuda(cudaFuncSetAttribute(resolve_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
+             "resolve_kernel shared-memory attribute");
   resolve_kernel<<<unsigned(p.num_reqs > 0 ? p.num_reqs : 1), kThreads, kSmem, st>>>(k);
   check_launch("resolve_kernel");
 
@@ -427,8 +443,10 @@ void resolve_tiered(const TieredCache& cache, const TieredResolveParams& p, void
   int dev = 0, sms = 0;
   check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
   check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
-  // Enough 16-byte loads in flight to cover host-memory latency: 8 blocks x 256 threads x 4 per SM.
-  copy_kernel<<<unsigned(sms * 8), kCopyThreads, 0, st>>>(cp);
+  // 16-byte loads in flight: 4 blocks x 256 threads x 4 per SM, ~8 MB on 132 SMs, far more than
+  // host-memory latency x PCIe bandwidth (~2 us x 55 GB/s); few enough idle blocks that a step
+  // without misses costs little.
+  copy_kernel<<<unsigned(sms * kCopyBlocksPerSm), kCopyThreads, 0, st>>>(cp);
   check_launch("copy_kernel");
 }
 
