@@ -186,6 +186,7 @@ smla_status smla_tiered_reset(const smla_tiered_cache* cache, int32_t backend, v
                               int32_t release_req, void* stream) {
   return guarded([&] {
     SMLA_CHECK(cache != nullptr, "smla_tiered_reset: cache is null");
+    (void)stream;  // the CPU backend has none
     if (tiered_cuda(backend)) {
 #if SMLA_HAVE_CUDA
       if (release_req >= 0) smla::cuda::release_tiered_request(cache->cache, state, state_bytes, release_req, stream);
@@ -202,6 +203,7 @@ smla_status smla_tiered_resolve(const smla_tiered_cache* cache, int32_t backend,
                                 void* stream) {
   return guarded([&] {
     SMLA_CHECK(cache && a, "smla_tiered_resolve: cache and step must not be null");
+    (void)stream;  // the CPU backend has none
     smla::TieredResolveParams p;
     p.num_tokens = a->num_tokens, p.positions = a->positions, p.pos_stride_t = a->pos_stride_t, p.topk = a->topk;
     p.req_of_token = a->req_of_token, p.num_reqs = a->num_reqs, p.seq_lens = a->seq_lens;
@@ -225,6 +227,7 @@ smla_status smla_tiered_read_counters(const smla_tiered_cache* cache, int32_t ba
                                       void* stream, smla_tiered_counters* out) {
   return guarded([&] {
     SMLA_CHECK(cache && state && out, "smla_tiered_read_counters: cache, state and out must not be null");
+    (void)stream;  // the CPU backend has none
     smla::TieredCounters k;
     if (tiered_cuda(backend)) {
 #if SMLA_HAVE_CUDA
