@@ -195,7 +195,7 @@ __device__ void classify_entries(const ResolveParams& p, int r, int32_t len, uin
 }
 
 // Phase 2a: the claimed misses into sm.sorted_miss, ascending.
-__device__ void sort_misses(int num_miss, ResolveSmem& sm) {
+__device__ void sort_misses(const ResolveParams& p, int num_miss, ResolveSmem& sm) {
   uint32_t pos[kItems];  // blocked: thread i holds ranks i*kItems .. i*kItems + kItems - 1
 #pragma unroll
   for (int k = 0; k < kItems; ++k) {
@@ -203,7 +203,9 @@ __device__ void sort_misses(int num_miss, ResolveSmem& sm) {
     pos[k] = i < num_miss ? uint32_t(sm.miss[i]) : 0xffffffffu;
   }
   __syncthreads();  // sm.miss is reused by the sort
-  SortPos(sm.sort_pos).Sort(pos);
+  // Positions are < max_positions: only their low bits take part (the padding's low bits are all
+  // ones, so it still sorts last).
+  SortPos(sm.sort_pos).Sort(pos, 0, 32 - __clz(int(p.max_positions)));
 #pragma unroll
   for (int k = 0; k < kItems; ++k) {
     const int i = int(threadIdx.x) * kItems + k;
@@ -214,7 +216,7 @@ __device__ void sort_misses(int num_miss, ResolveSmem& sm) {
 // Phase 2b: misses by position meet candidate slots by (stamp, slot), rank by rank.
 __device__ void assign_victims(const ResolveParams& p, int r, uint32_t now, ResolveSmem& sm) {
   const int num_miss = sm.num_miss;
-  sort_misses(num_miss, sm);
+  sort_misses(p, num_miss, sm);
   __syncthreads();
   uint32_t* stamps = p.stamps + int64_t(r) * p.R;
   uint64_t key[kItems];
@@ -224,7 +226,8 @@ __device__ void assign_victims(const ResolveParams& p, int r, uint32_t now, Reso
     const uint32_t st = s < p.R - 1 ? stamps[s] : now;
     key[k] = st != now ? (uint64_t(st) << kSlotBits) | uint64_t(s) : ~uint64_t(0);
   }
-  SortSlot(sm.sort_slot).Sort(key, 0, 32 + kSlotBits);
+  // Stamps are <= now: keys below 2^(kSlotBits + bit width of now); the padding sorts last.
+  SortSlot(sm.sort_slot).Sort(key, 0, kSlotBits + 32 - __clz(int(now)));
   if (threadIdx.x == 0) sm.job_base = atomicAdd(&p.ctr->jobs, unsigned(num_miss));
   __syncthreads();
   int32_t* map = p.pos_slot + int64_t(r) * p.max_positions;
