@@ -326,6 +326,10 @@ void run_sequence(KvFormat f, int rope_dim, int steps, uint64_t seed) {
   for (int step = 0; step < steps; ++step) {
     const double reuse = std::vector<double>{0.0, 0.5, 0.9, 1.0}[size_t(step % 4)];
     const Step s = mk.next(rng, reuse, int32_t(cfg.max_positions));
+    if (step == 6) {  // request 2's hot buffer starts over (a finished request's slot reused)
+      release_tiered_request(w.cache, w.state.data(), w.state.size(), 2);
+      cuda::release_tiered_request(w.cache, w.d_state, w.cache.state_bytes(), 2, nullptr);
+    }
     write_newest(w, s.lens, rng);
     std::vector<int32_t> counts;
     const std::vector<int32_t> phys = resolve_cpu(w, s, K, counts);
