@@ -107,9 +107,13 @@ int main(int argc, char** argv) {
     const auto args = smla::cli::parse_args(argc, argv, 2);
     if (cmd == "info") return smla::cli::cmd_info(args);
     if (cmd == "check") return smla::cli::cmd_check(args);
+    if (cmd == "bench" && args.has("hisparse")) {
 #if SMLA_HAVE_CUDA
-    if (cmd == "bench" && args.has("hisparse")) return smla::cli::bench_hisparse(args);
+      return smla::cli::bench_hisparse(args);
+#else
+      smla::fail("smla bench --hisparse needs the CUDA backend; this build has none (build with nvcc on the PATH)");
 #endif
+    }
     if (cmd == "bench") return smla::cli::cmd_bench(args);
     if (cmd == "replay") return smla::cli::cmd_replay(args);
     std::fprintf(stderr, "smla: unknown command '%s'\n", cmd.c_str());
