@@ -354,10 +354,15 @@ __global__ void __launch_bounds__(kCopyThreads) copy_kernel(CopyParams p) {
 
 std::string s(int64_t v) { return std::to_string(v); }
 
-// The device-visible address of a pinned host pool; refuses pageable memory.
+// The device-visible address of a pinned host pool; refuses pageable memory. The query runs in
+// relaxed capture mode so that it stays legal inside a global or thread-local stream capture.
 const void* device_view_of_pool(const void* pool, const char* what) {
   cudaPointerAttributes a{};
-  check_cuda(cudaPointerGetAttributes(&a, pool), what);
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  check_cuda(cudaThreadExchangeStreamCaptureMode(&mode), "cudaThreadExchangeStreamCaptureMode");
+  const cudaError_t e = cudaPointerGetAttributes(&a, pool);
+  check_cuda(cudaThreadExchangeStreamCaptureMode(&mode), "cudaThreadExchangeStreamCaptureMode");
+  check_cuda(e, what);
   if (a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged) return pool;
   SMLA_CHECK(a.type == cudaMemoryTypeHost && a.devicePointer != nullptr,
              std::string(what) + " is not pinned: allocate it with cudaHostAlloc or register it with cudaHostRegister "
