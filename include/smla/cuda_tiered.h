@@ -24,6 +24,11 @@ void reset_tiered_state(const TieredCache& cache, void* state, size_t state_byte
 // Forgets request req's hot rows (three memsets on `stream`); see smla::release_tiered_request.
 void release_tiered_request(const TieredCache& cache, void* state, size_t state_bytes, int req, void* stream);
 
+// smla::invalidate_tiered_positions on a device state (one launch; req and pos device [n] int32).
+// Entries with a request id >= max_requests or a position >= max_positions are skipped.
+void invalidate_tiered_positions(const TieredCache& cache, void* state, size_t state_bytes, const int32_t* req,
+                                 const int32_t* pos, int64_t n, void* stream);
+
 // One step: equal to resolve_tiered_reference (map, slot positions, stamps, hot rows, physical
 // ids, counts, counters) on good input. Bad device-side data (request ids, lengths, positions
 // outside the pool) is never dereferenced: those tokens/entries come out empty and

@@ -142,6 +142,10 @@ smla_status smla_tiered_get_sizes(const smla_tiered_cache* cache, smla_tiered_si
  * reset the whole state; otherwise forget that request's hot rows. */
 smla_status smla_tiered_reset(const smla_tiered_cache* cache, int32_t backend, void* state, size_t state_bytes,
                               int32_t release_req, void* stream);
+/* Forgets the hot rows of single positions (req[i], pos[i]; negative: skipped), e.g. after
+ * rejected speculative tokens were overwritten in the pool. */
+smla_status smla_tiered_invalidate(const smla_tiered_cache* cache, int32_t backend, void* state, size_t state_bytes,
+                                   const int32_t* req, const int32_t* pos, int64_t n, void* stream);
 smla_status smla_tiered_resolve(const smla_tiered_cache* cache, int32_t backend, const smla_tiered_step* step,
                                 void* stream);
 /* Copies the counters (CUDA: synchronizes stream). */

@@ -154,6 +154,15 @@ void reset_tiered_state(const TieredCache& cache, void* state, size_t state_byte
 // positions were rewritten): its map -1, its slots empty, its stamps 0. Host state.
 void release_tiered_request(const TieredCache& cache, void* state, size_t state_bytes, int req);
 
+// Forgets the hot rows of single positions: entry i names request req[i] and position pos[i]
+// (either negative: skipped). Call it when positions are rewritten in the host pool (rejected
+// speculative tokens overwritten by the next ones): the hot buffer does not see the pool change.
+// Each named position that is hot loses its slot (map -1, the slot empty with stamp 0, so it is
+// the first victim next). Host state; throws Error for a request id >= max_requests or a position
+// >= max_positions. Example: req {0, 0}, pos {41, 42} after request 0 rolled back to length 41.
+void invalidate_tiered_positions(const TieredCache& cache, void* state, size_t state_bytes, const int32_t* req,
+                                 const int32_t* pos, int64_t n);
+
 // The CPU reference resolver (host pointers; the host pool may be any host memory). Validates,
 // throws Error on bad input (a request id >= num_reqs, a length past max_positions, more tokens of
 // one request than planned, a valid position with no host-pool row), then resolves one step.

@@ -68,9 +68,15 @@ class TieredCache:
         self._c.reset(_dl(state), release_req=None, stream=_stream(stream, state))
 
     def release(self, state, req, *, stream=None):
-        """Forgets request ``req``'s hot rows: call it when the request finishes (its hot buffer is
-        reused) or when its positions are rewritten (speculative tokens rolled back)."""
+        """Forgets request ``req``'s hot rows: call it when the request finishes and its hot buffer
+        goes to a new request (for rewritten positions, :meth:`invalidate` keeps the rest hot)."""
         self._c.reset(_dl(state), release_req=int(req), stream=_stream(stream, state))
+
+    def invalidate(self, state, req, positions, *, stream=None):
+        """Forgets the hot rows of single positions: req[i], positions[i] (int32 [n]; negative:
+        skipped). Call it after rewriting positions in the pool (rejected speculative tokens
+        overwritten by the next ones), which the hot buffer cannot see."""
+        self._c.invalidate(_dl(state), _dl(_i32(req)), _dl(_i32(positions)), stream=_stream(stream, state))
 
     def resolve(self, positions, seq_lens, pool, block_table, hot, state, *, workspace=None, block_size=None,
                 block_stride_rows=None, req_of_token=None, phys=None, counts=None, stream=None):

@@ -116,6 +116,30 @@ void tiered_reset(const TieredCache& c, const Out& state, std::optional<int> rel
 #endif
 }
 
+void tiered_invalidate(const TieredCache& c, const Out& state, const In& req, const In& pos, uintptr_t stream) {
+  const View vs = bytes_view(state, "state");
+  const View vq = view(req, "req");
+  expect_shape(vq, {-1}, "int32 [n] request of each position");
+  const int64_t n = vq.shape[0];
+  expect_elem(vq, Elem::kI32, "int32 [n] request of each position");
+  expect_contiguous(vq, "[n]");
+  const View vp = int32_1d(pos, "positions", n, "int32 [n] positions (like req)");
+  const Device dev = common_device({&vs, &vq, &vp});
+  const auto* q = static_cast<const int32_t*>(vq.data);
+  const auto* x = static_cast<const int32_t*>(vp.data);
+  if (!dev.cuda) {
+    invalidate_tiered_positions(c, vs.data, size_t(vs.span_bytes()), q, x, n);
+    return;
+  }
+#if SMLA_HAVE_CUDA
+  TieredDeviceGuard g(dev);
+  cuda::invalidate_tiered_positions(c, vs.data, size_t(vs.span_bytes()), q, x, n, reinterpret_cast<void*>(stream));
+#else
+  (void)stream;
+  no_cuda_tiered("TieredCache.invalidate");
+#endif
+}
+
 void tiered_resolve(const TieredCache& c, const In& positions, const In& seq_lens, const In& pool,
                     const In& block_table, int block_size, std::optional<int64_t> block_stride_rows, const Out& hot,
                     const Out& state, const std::optional<Out>& workspace, const Out& phys, const OptOut& counts,
@@ -280,6 +304,7 @@ void register_tiered(nb::module_& m) {
       .def("hot_row", &TieredCache::hot_row, "req"_a, "slot"_a)
       .def("newest_hot_row", &TieredCache::newest_hot_row, "req"_a)
       .def("reset", &tiered_reset, "state"_a, "release_req"_a.none(), "stream"_a)
+      .def("invalidate", &tiered_invalidate, "state"_a, "req"_a, "positions"_a, "stream"_a)
       .def("resolve", &tiered_resolve, "positions"_a, "seq_lens"_a, "pool"_a, "block_table"_a, "block_size"_a,
            "block_stride_rows"_a.none(), "hot"_a, "state"_a, "workspace"_a.none(), "phys"_a, "counts"_a.none(),
            "req_of_token"_a.none(), "stream"_a)

@@ -199,6 +199,21 @@ smla_status smla_tiered_reset(const smla_tiered_cache* cache, int32_t backend, v
   });
 }
 
+smla_status smla_tiered_invalidate(const smla_tiered_cache* cache, int32_t backend, void* state, size_t state_bytes,
+                                   const int32_t* req, const int32_t* pos, int64_t n, void* stream) {
+  return guarded([&] {
+    SMLA_CHECK(cache != nullptr, "smla_tiered_invalidate: cache is null");
+    (void)stream;  // the CPU backend has none
+    if (tiered_cuda(backend)) {
+#if SMLA_HAVE_CUDA
+      smla::cuda::invalidate_tiered_positions(cache->cache, state, state_bytes, req, pos, n, stream);
+#endif
+      return;
+    }
+    smla::invalidate_tiered_positions(cache->cache, state, state_bytes, req, pos, n);
+  });
+}
+
 smla_status smla_tiered_resolve(const smla_tiered_cache* cache, int32_t backend, const smla_tiered_step* a,
                                 void* stream) {
   return guarded([&] {

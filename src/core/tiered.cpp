@@ -121,6 +121,30 @@ void release_tiered_request(const TieredCache& cache, void* state, size_t state_
   std::memset(b + L.pos_slot + size_t(req) * size_t(c.max_positions) * 4, 0xFF, size_t(c.max_positions) * 4);
 }
 
+void invalidate_tiered_positions(const TieredCache& cache, void* state, size_t state_bytes, const int32_t* req,
+                                 const int32_t* pos, int64_t n) {
+  const TieredStateLayout& L = cache.state_layout();
+  const TieredCacheConfig& c = cache.config();
+  SMLA_CHECK(state != nullptr && state_bytes >= L.total,
+             "tiered state too small: it needs " + s(int64_t(L.total)) + " bytes; got " + s(int64_t(state_bytes)));
+  SMLA_CHECK(n >= 0 && (n == 0 || (req != nullptr && pos != nullptr)), "invalidate: req and pos must be [n] int32");
+  auto* b = static_cast<uint8_t*>(state);
+  auto* stamps = reinterpret_cast<uint32_t*>(b + L.stamps);
+  auto* slot_pos = reinterpret_cast<int32_t*>(b + L.slot_pos);
+  auto* pos_slot = reinterpret_cast<int32_t*>(b + L.pos_slot);
+  for (int64_t i = 0; i < n; ++i) {
+    if (req[i] < 0 || pos[i] < 0) continue;
+    SMLA_CHECK(req[i] < c.max_requests, "invalidate: request " + s(req[i]) + " has no hot buffer: ids are [0, " +
+                                            s(c.max_requests) + ")");
+    SMLA_CHECK(pos[i] < c.max_positions, "invalidate: position " + s(pos[i]) + " is past max_positions = " +
+                                             s(c.max_positions));
+    int32_t& m = pos_slot[int64_t(req[i]) * c.max_positions + pos[i]];
+    if (m < 0) continue;
+    const int64_t sl = int64_t(req[i]) * c.hot_slots + m;
+    slot_pos[sl] = -1, stamps[sl] = 0, m = -1;
+  }
+}
+
 void resolve_tiered_reference(const TieredCache& cache, const TieredResolveParams& p) {
   cache.check(p);
   const TieredCacheConfig& c = cache.config();

@@ -129,6 +129,12 @@ int main(void) {
     smla_tiered_counters k;
     EXPECT(smla_tiered_read_counters(tc, SMLA_BACKEND_CPU, tstate, NULL, &k) == SMLA_OK);
     EXPECT(k.misses == 2 && k.hits == 1 && k.steps == 1 && k.bytes == 2 * 1152);
+    { /* position 5 forgotten: the next step copies it again */
+      const int32_t ireq[1] = {0}, ipos[1] = {5};
+      EXPECT(smla_tiered_invalidate(tc, SMLA_BACKEND_CPU, tstate, sizeof tstate, ireq, ipos, 1, NULL) == SMLA_OK);
+      EXPECT(smla_tiered_resolve(tc, SMLA_BACKEND_CPU, &st, NULL) == SMLA_OK);
+      EXPECT(smla_tiered_read_counters(tc, SMLA_BACKEND_CPU, tstate, NULL, &k) == SMLA_OK && k.misses == 3);
+    }
     tlen = 17; /* past max_positions */
     EXPECT(smla_tiered_resolve(tc, SMLA_BACKEND_CPU, &st, NULL) == SMLA_ERROR_INVALID_ARGUMENT);
     EXPECT(strstr(smla_last_error(), "max_positions") != NULL);

@@ -98,6 +98,10 @@ struct Model {
   Model(int R_, int n) : R(R_), reqs(size_t(n)) {
     for (auto& q : reqs) q.slots.resize(size_t(R_ - 1));
   }
+  void invalidate(int r, int32_t pos) {
+    const int s = find(reqs[size_t(r)], pos);
+    if (s >= 0) reqs[size_t(r)].slots[size_t(s)] = {};
+  }
   int find(const ModelRequest& q, int32_t pos) const {
     for (size_t s = 0; s < q.slots.size(); ++s)
       if (q.slots[s].pos == pos) return int(s);
@@ -350,6 +354,14 @@ TEST(Tiered, RandomStepsMatchModel) {
         ASSERT_EQ(c.clock, uint32_t(step + 1));
         for (auto& l : lens)
           if (l < max_pos) l += int32_t(rng() % 3);  // decode grows each request (or not)
+        if (step == 30) {  // request 1's last few positions are rewritten (a speculative rollback)
+          std::vector<int32_t> rq, ps;
+          for (int32_t d = 1; d <= 6 && lens[1] - d >= 0; ++d) rq.push_back(1), ps.push_back(lens[1] - d);
+          rq.push_back(-1), ps.push_back(3);  // padding: skipped
+          smla::invalidate_tiered_positions(w.cache, w.state.data(), w.state.size(), rq.data(), ps.data(),
+                                            int64_t(rq.size()));
+          for (size_t i = 0; i + 1 < rq.size(); ++i) m.invalidate(rq[i], ps[i]);
+        }
         if (step == 20) {  // request 2 finishes; its hot buffer starts over
           smla::release_tiered_request(w.cache, w.state.data(), w.state.size(), 2);
           m.reqs[2] = ModelRequest{};
@@ -459,4 +471,28 @@ TEST(Tiered, MaxDecodeBatch) {
   EXPECT_EQ(seen % 2, 0);
   c.max_tokens_per_request = 3;  // breaks the rule at R = 4224
   EXPECT_THROW(smla::max_tiered_decode_batch(c, size_t(1) << 30), smla::Error);
+}
+
+// A position rewritten in the pool: without invalidation its stale hot row would be a hit; after
+// invalidate_tiered_positions it is a miss again, copied fresh into the freed slot.
+TEST(Tiered, InvalidatePositions) {
+  World w(small_cfg(smla::KvFormat::kBF16, 3, 4, 1, 1, 16), 1);
+  std::vector<int32_t> phys, counts, lens{10};
+  std::vector<int32_t> pos{5, 2, 9};
+  smla::resolve_tiered_reference(w.cache, w.params(pos, 3, nullptr, lens, phys, counts));
+  EXPECT_EQ(phys, (std::vector<int32_t>{1, 0, 3}));  // 2 -> slot 0, 5 -> slot 1
+  w.fill_row(w.row_of(0, 5), 0, 12345);              // position 5 rewritten in the pool
+  const int32_t rq[] = {0, 0, -1}, ps[] = {5, 7, 2};  // 7 is not hot; the third entry is padding
+  smla::invalidate_tiered_positions(w.cache, w.state.data(), w.state.size(), rq, ps, 3);
+  std::vector<int32_t> pos2{5, 2, -1};
+  smla::resolve_tiered_reference(w.cache, w.params(pos2, 3, nullptr, lens, phys, counts));
+  // 2 hits slot 0; 5 misses and takes slot 1 (stamp 0 again, before slot 2 by index).
+  EXPECT_EQ(phys, (std::vector<int32_t>{1, 0, -1}));
+  EXPECT_EQ(0, std::memcmp(w.hot_row(1), w.pool_row(0, 5), size_t(w.cache.row_bytes())));
+  EXPECT_EQ(w.counters().misses, 3u);
+  const int32_t bad_req[] = {1}, bad_pos[] = {0}, far_pos[] = {16};
+  EXPECT_THROW(smla::invalidate_tiered_positions(w.cache, w.state.data(), w.state.size(), bad_req, bad_pos, 1),
+               smla::Error);
+  EXPECT_THROW(smla::invalidate_tiered_positions(w.cache, w.state.data(), w.state.size(), rq, far_pos, 1),
+               smla::Error);
 }

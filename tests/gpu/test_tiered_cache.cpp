@@ -330,6 +330,18 @@ void run_sequence(KvFormat f, int rope_dim, int steps, uint64_t seed) {
       release_tiered_request(w.cache, w.state.data(), w.state.size(), 2);
       cuda::release_tiered_request(w.cache, w.d_state, w.cache.state_bytes(), 2, nullptr);
     }
+    if (step == 9) {  // every position of requests 0 and 3 below 300 forgotten, with padding between
+      std::vector<int32_t> rq, ps;
+      for (int32_t x = 0; x < 300; ++x) rq.push_back(x % 2 ? 0 : 3), ps.push_back(x % 7 ? x : -1);
+      invalidate_tiered_positions(w.cache, w.state.data(), w.state.size(), rq.data(), ps.data(), int64_t(rq.size()));
+      int32_t* d_rq = dev_alloc<int32_t>(rq.size());
+      int32_t* d_ps = dev_alloc<int32_t>(ps.size());
+      to_dev(d_rq, rq), to_dev(d_ps, ps);
+      cuda::invalidate_tiered_positions(w.cache, w.d_state, w.cache.state_bytes(), d_rq, d_ps, int64_t(rq.size()),
+                                        nullptr);
+      CUDA_EXPECT(cudaDeviceSynchronize());
+      cudaFree(d_rq), cudaFree(d_ps);
+    }
     write_newest(w, s.lens, rng);
     std::vector<int32_t> counts;
     const std::vector<int32_t> phys = resolve_cpu(w, s, K, counts);

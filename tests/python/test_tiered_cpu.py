@@ -111,6 +111,24 @@ def test_plan_rule_and_sizes():
     assert smla.max_tiered_decode_batch(1 << 30, attention_workspace=lambda rows: rows << 20) < b
 
 
+def test_invalidate_rewritten_position():
+    tc = smla.TieredCache(format="bf16", topk=4, max_requests=1, max_positions=64)
+    pool = np.zeros((1, 64, 1152), np.uint8)
+    pool[0, :, 0] = np.arange(64)  # row p starts with byte p
+    table = np.array([[0]], np.int32)
+    hot, state, ws = tc.new_buffers(like=pool)
+    pos = np.array([[1, 2, 3, -1]], np.int32)
+    lens = np.array([20], np.int32)
+    phys, counts = tc.resolve(pos, lens, pool, table, hot, state)
+    pool[0, 2, 0] = 200  # position 2 rewritten in the pool
+    phys, counts = tc.resolve(pos, lens, pool, table, hot, state)
+    assert hot[phys[0, 1], 0] == 2  # still hot: the stale row
+    tc.invalidate(state, np.array([0], np.int32), np.array([2], np.int32))
+    phys, counts = tc.resolve(pos, lens, pool, table, hot, state)
+    assert hot[phys[0, 1], 0] == 200 and counts[0] == 3
+    assert tc.counters(state)["misses"] == 4
+
+
 def test_bad_input():
     tc = smla.TieredCache(format="bf16", topk=4, max_requests=2, max_positions=64)
     pool = np.zeros((2, 64, 1152), np.uint8)

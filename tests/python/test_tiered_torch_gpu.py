@@ -75,6 +75,11 @@ def test_cuda_resolver_equals_cpu(fmt):
         st = state_d.cpu().numpy()
         assert np.array_equal(st[256:], state_np[256:]), f"step {step}: map / stamps differ"
         assert tc.counters(state_d) == tc.counters(state_np)
+        if step == 4:  # forget some positions of requests 1 and 2 on both sides
+            rq = np.array([1, 2, 1, -1, 2], np.int32)
+            ps = np.array([3, 7, 100, 5, 149], np.int32)
+            tc.invalidate(state_np, rq, ps)
+            tc.invalidate(state_d, torch.from_numpy(rq).to(DEV), torch.from_numpy(ps).to(DEV))
         for r in range(B):
             write(r, [lens[r]])
             lens[r] += 1

@@ -352,6 +352,19 @@ __global__ void __launch_bounds__(kCopyThreads) copy_kernel(CopyParams p) {
   }
 }
 
+// One thread per named position: a hot one loses its slot. Duplicates write the same values.
+__global__ void invalidate_kernel(const int32_t* req, const int32_t* pos, int64_t n, int R, int max_requests,
+                                  int64_t max_positions, uint32_t* stamps, int32_t* slot_pos, int32_t* pos_slot) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const int32_t q = req[i], x = pos[i];
+  if (q < 0 || x < 0 || q >= max_requests || x >= max_positions) return;
+  int32_t* m = pos_slot + int64_t(q) * max_positions + x;
+  const int32_t slot = *m;
+  if (slot < 0) return;
+  slot_pos[int64_t(q) * R + slot] = -1, stamps[int64_t(q) * R + slot] = 0, *m = -1;
+}
+
 std::string s(int64_t v) { return std::to_string(v); }
 
 // The device-visible address of a pinned host pool; refuses pageable memory. The query runs in
@@ -406,6 +419,23 @@ void release_tiered_request(const TieredCache& cache, void* state, size_t state_
   check_cuda(cudaMemsetAsync(b + L.pos_slot + size_t(req) * size_t(c.max_positions) * 4, 0xFF,
                              size_t(c.max_positions) * 4, st),
              "release_tiered_request");
+}
+
+void invalidate_tiered_positions(const TieredCache& cache, void* state, size_t state_bytes, const int32_t* req,
+                                 const int32_t* pos, int64_t n, void* stream) {
+  const TieredStateLayout& L = cache.state_layout();
+  const TieredCacheConfig& c = cache.config();
+  SMLA_CHECK(state != nullptr && state_bytes >= L.total,
+             "tiered state too small: it needs " + s(int64_t(L.total)) + " bytes; got " + s(int64_t(state_bytes)));
+  SMLA_CHECK(n >= 0 && (n == 0 || (req != nullptr && pos != nullptr)), "invalidate: req and pos must be [n] int32");
+  if (n == 0) return;
+  SMLA_CHECK(n <= int64_t(INT32_MAX) * 256, "invalidate: too many entries");
+  auto* b = static_cast<uint8_t*>(state);
+  constexpr int kBlock = 256;
+  invalidate_kernel<<<unsigned((n + kBlock - 1) / kBlock), kBlock, 0, static_cast<cudaStream_t>(stream)>>>(
+      req, pos, n, c.hot_slots, c.max_requests, c.max_positions, reinterpret_cast<uint32_t*>(b + L.stamps),
+      reinterpret_cast<int32_t*>(b + L.slot_pos), reinterpret_cast<int32_t*>(b + L.pos_slot));
+  check_launch("invalidate_kernel");
 }
 
 void resolve_tiered(const TieredCache& cache, const TieredResolveParams& p, void* stream) {
