@@ -1,5 +1,5 @@
 // smla/cuda_tiered.h — the CUDA side of the HiSparse tiered cache (smla/tiered.h, DESIGN.md §4b):
-// state reset, the per-step resolver (two launches, no host synchronization, legal in CUDA-graph
+// state reset, the per-step resolver (one launch, no host synchronization, legal in CUDA-graph
 // capture) and the cache writer that writes new tokens into the host pool and, for the newest
 // token, the request's reserved hot slot in one launch. Device pointers except the host pool,
 // which must be pinned (cudaHostAlloc, or cudaHostRegister with cudaHostRegisterMapped); streams
@@ -32,8 +32,8 @@ void invalidate_tiered_positions(const TieredCache& cache, void* state, size_t s
 // One step: equal to resolve_tiered_reference (map, slot positions, stamps, hot rows, physical
 // ids, counts, counters) on good input. Bad device-side data (request ids, lengths, positions
 // outside the pool) is never dereferenced: those tokens/entries come out empty and
-// TieredCounters::errors counts them. Launches a classify/victim kernel (one block per request)
-// and a copy kernel that reads the missing rows straight from pinned host memory.
+// TieredCounters::errors counts them. One kernel, one block per request: it classifies, picks
+// the victims and copies the missing rows straight from pinned host memory.
 void resolve_tiered(const TieredCache& cache, const TieredResolveParams& p, void* stream);
 
 // The counters, copied to the host (synchronizes `stream`: for logs and tests, not the hot path).

@@ -9,14 +9,16 @@
 // for Plan::run over the hot buffer.
 //
 // The LRU rule (the CPU reference below is its definition; the CUDA resolver equals it exactly):
-//   now = clock + 1. For every request with tokens this step, the NEEDED positions are the valid
+//   Each request keeps its own clock (the stamp word of its reserved slot R - 1, which no LRU
+//   choice reads). For every request with tokens this step, now = its clock + 1, and the NEEDED
+//   positions are the valid
 //   entries (0 <= pos < length, pos != length - 1) of all its tokens' rows, duplicates once. The
 //   newest position (length - 1) is always slot R - 1. A needed position mapped to a slot is a hit
 //   (its stamp becomes now). The misses, in ascending position order, take the slots among
 //   0 .. R - 2 whose stamp is not now (no token of this step needs them), in ascending
 //   (stamp, slot) order: least recently used first, ties by lowest slot, never-used slots
 //   (stamp 0) first of all. The victim's old position is unmapped, the row is copied from the
-//   host pool, map and stamp are set. Then clock = now.
+//   host pool, map and stamp are set. Then the request's clock = now.
 //   Output: entry (t, j) with a valid position -> row req * R + slot, compacted to the front of
 //   the row in entry order, -1 after, counts[t] = valid entries (the index conversion's
 //   convention, smla/index.h). Invalid positions (< 0 or >= the request's length) stay invalid.
@@ -59,10 +61,8 @@ struct TieredCounters {
                          // (a request id without a hot buffer, a length past max_positions, more
                          // tokens of one request than planned, a position outside the host pool);
                          // the CPU reference throws instead. 0 on good input.
-  uint32_t clock = 0;    // steps resolved; LRU stamps are clock values (0: never used)
-  uint32_t reserved0 = 0;
-  uint32_t jobs = 0;     // device scratch of the resolver (rows queued this step)
-  uint32_t done = 0;     // device scratch (blocks finished)
+  uint32_t clock = 0;    // steps resolved (each request's LRU clock lives with its stamps)
+  uint32_t reserved[3] = {0, 0, 0};
 };
 static_assert(sizeof(TieredCounters) == 48);
 
@@ -71,7 +71,7 @@ static_assert(sizeof(TieredCounters) == 48);
 // start at -1 (all bytes 0xFF) after, so a reset is two memsets.
 struct TieredStateLayout {
   size_t counters = 0;  // TieredCounters
-  size_t stamps = 0;    // [max_requests, R] uint32 LRU stamps (0: never used)
+  size_t stamps = 0;    // [max_requests, R] uint32 LRU stamps (0: never used); slot R - 1's: the request's clock
   size_t zero_end = 0;  // [0, zero_end) starts 0
   size_t slot_pos = 0;  // [max_requests, R] int32 position held by each slot (-1: none)
   size_t pos_slot = 0;  // [max_requests, max_positions] int32 slot of each position (-1: not hot)
@@ -131,7 +131,8 @@ class TieredCache {
   size_t hot_buffer_bytes() const { return size_t(hot_rows()) * size_t(cfg_.hot_row_stride_bytes); }
   const TieredStateLayout& state_layout() const { return layout_; }
   size_t state_bytes() const { return layout_.total; }
-  // Resolver scratch per step: one 16-byte copy job per possible miss, max_requests * (R - 1).
+  // Resolver scratch per step: 0 today (the CUDA resolver keeps its copy list in shared memory);
+  // callers pass workspace_bytes() bytes so that a later resolver may use some.
   size_t workspace_bytes() const { return workspace_bytes_; }
   // Everything on the device: hot buffer + state + workspace.
   size_t device_bytes() const { return hot_buffer_bytes() + state_bytes() + workspace_bytes(); }
@@ -173,8 +174,8 @@ void resolve_tiered_reference(const TieredCache& cache, const TieredResolveParam
 // attention workspace for B * max_tokens_per_request rows fit budget_bytes; 0 when not even one
 // request fits. cfg.max_requests is ignored. attention_workspace may be empty (counted as 0).
 // Example: fp8_ds_mla, K = 2048 (R = 4224), max_positions = 131072, no attention workspace: each
-// request costs 4224 * 656 B hot + 4224 * 8 B stamps/slots + 131072 * 4 B map + 4223 * 16 B jobs
-// ~= 3.40 MB, so a 1 GiB budget gives B = 316.
+// request costs 4224 * 656 B hot + 4224 * 8 B stamps/slots + 131072 * 4 B map ~= 3.33 MB, so a
+// 1 GiB budget gives B = 322.
 int64_t max_tiered_decode_batch(TieredCacheConfig cfg, size_t budget_bytes,
                                 const std::function<size_t(int64_t rows)>& attention_workspace = {});
 

@@ -62,7 +62,7 @@ TieredCache::TieredCache(const TieredCacheConfig& cfg) : cfg_(cfg) {
   layout_.slot_pos = off, off = align256(off + slots * sizeof(int32_t));
   layout_.pos_slot = off, off = align256(off + size_t(cfg.max_requests) * size_t(cfg.max_positions) * sizeof(int32_t));
   layout_.total = off;
-  workspace_bytes_ = align256(size_t(cfg.max_requests) * size_t(cfg_.hot_slots - 1) * 16);
+  workspace_bytes_ = 0;
 }
 
 void TieredCache::check(const TieredResolveParams& p) const {
@@ -186,7 +186,6 @@ void resolve_tiered_reference(const TieredCache& cache, const TieredResolveParam
       }
   }
 
-  const uint32_t now = ctr->clock + 1;
   const auto* pool = static_cast<const uint8_t*>(p.pool);
   auto* hot = static_cast<uint8_t*>(p.hot);
   for (int r = 0; r < p.num_reqs; ++r) {
@@ -195,6 +194,7 @@ void resolve_tiered_reference(const TieredCache& cache, const TieredResolveParam
     int32_t* map = pos_slot + int64_t(r) * c.max_positions;
     uint32_t* st = stamps + int64_t(r) * R;
     int32_t* sp = slot_pos + int64_t(r) * R;
+    const uint32_t now = st[R - 1] + 1;  // the request's clock lives in its reserved slot's stamp
     // Classify: hits stamp their slot now; misses collected once each.
     std::vector<int32_t> misses;
     bool newest_used = false;
@@ -233,6 +233,7 @@ void resolve_tiered_reference(const TieredCache& cache, const TieredResolveParam
     }
     ctr->misses += misses.size();
     ctr->bytes += uint64_t(misses.size()) * uint64_t(cache.row_bytes());
+    st[R - 1] = now;
   }
   // Out: physical hot rows, compacted, in entry order.
   for (int64_t t = 0; t < T; ++t) {
@@ -249,7 +250,7 @@ void resolve_tiered_reference(const TieredCache& cache, const TieredResolveParam
     for (int j = n; j < p.topk; ++j) out[j] = -1;
     if (p.counts) p.counts[t] = n;
   }
-  ctr->clock = now;
+  ctr->clock += 1;
 }
 
 int64_t max_tiered_decode_batch(TieredCacheConfig cfg, size_t budget_bytes,

@@ -286,8 +286,6 @@ void expect_same_resolution(Tiered& w, const Step& s, const int32_t* d_phys, con
   EXPECT_EQ(g.bytes, c.bytes) << fmt << " step " << step;
   EXPECT_EQ(g.errors, 0u) << fmt << " step " << step;
   EXPECT_EQ(g.clock, c.clock) << fmt << " step " << step;
-  EXPECT_EQ(g.jobs, 0u) << "the copy kernel leaves the job queue empty";
-  EXPECT_EQ(g.done, 0u);
   EXPECT_EQ(to_host(w.d_hot, w.cache.hot_buffer_bytes()) == w.hot, true) << fmt << " step " << step << ": hot buffers differ";
   (void)s;
 }
@@ -523,11 +521,6 @@ TEST(TieredGpu, BadInput) {
     auto p = base();
     p.hot_bytes -= 16;
     expect_error(p, "hot buffer too small");
-  }
-  {
-    auto p = base();
-    p.workspace_bytes = 16;
-    expect_error(p, "workspace too small");
   }
   {
     auto p = base();

@@ -1,17 +1,20 @@
 // The HiSparse resolver (smla/tiered.h states the rule; resolve_tiered_reference is its
-// definition). Two launches per step, no host synchronization, so a step can be captured in a
-// CUDA graph:
+// definition). One launch per step, no host synchronization and no cross-block coordination, so
+// a step can be captured in a CUDA graph. resolve_kernel runs one 512-thread block per request:
 //
-//   1. resolve_kernel, one 512-thread block per request: collects the request's tokens, stamps
-//      the hits, claims each missing position once (atomicCAS -1 -> -2 on the position -> slot
-//      map), sorts the misses by position and the candidate slots by (stamp, slot) with two
-//      block-wide radix sorts (R <= 8192 slots: 16 keys per thread), pairs them rank by rank,
-//      updates map, slot positions and stamps, queues one copy job per miss, and writes the
-//      physical hot rows of every token (compacted in entry order by a block scan) and its count.
-//      The last block to finish advances the clock.
-//   2. copy_kernel, a fixed grid over all SMs: copies the queued rows 16 bytes per thread, four
-//      loads in flight per thread, straight from pinned host memory into the hot buffer. The last
-//      block clears the job queue.
+//   0. collects the request's tokens and reads its clock (the stamp word of its slot R - 1);
+//   1. stamps the hits and claims each missing position once (atomicCAS -1 -> -2 on the
+//      position -> slot map), kIlp entries per thread in flight;
+//   2. sorts the misses by position and the candidate slots by (stamp, slot) with two block-wide
+//      radix sorts (R <= 8192 slots: 16 keys per thread), pairs them rank by rank, updates map,
+//      slot positions and stamps, and copies the missing rows straight from pinned host memory
+//      into the hot buffer (16 bytes per thread, kCopyUnroll loads in flight per thread);
+//   3. writes the physical hot rows of every token (compacted in entry order by a block scan) and
+//      its count, advances the request's clock and adds its counters (fire-and-forget atomics).
+//
+// A step that hits everything is one pass over the entries with no sort and no copy. A step with
+// misses copies them from the SMs of the requests that miss: with B requests missing, B blocks
+// of 512 threads x kCopyUnroll x 16 B are in flight.
 //
 // Device-side bad input (request ids, lengths, positions with no pool row) never reaches memory:
 // it is counted in TieredCounters::errors and those tokens/entries come out empty.
@@ -35,15 +38,13 @@ constexpr int kItems = 16;  // sort keys per thread
 static_assert(kThreads * kItems == kTieredMaxHotSlots);
 constexpr int kSlotBits = 13;  // slot < 8192
 constexpr int kIlp = 4;        // top-k entries per thread per pass (loads in flight)
-constexpr int kCopyThreads = 256;
-constexpr int kCopyUnroll = 4;  // 16-byte loads in flight per thread
-constexpr int kCopyBlocksPerSm = 4;
+constexpr int kCopyUnroll = 8;  // 16-byte host loads in flight per thread: 64 KB per block
 
+// One missing row to copy: its host-pool row and hot slot.
 struct CopyJob {
-  int64_t src_row;  // host-pool row
-  int64_t dst_row;  // hot-buffer row
+  int32_t src_row;
+  int32_t slot;
 };
-static_assert(sizeof(CopyJob) == 16);  // TieredCache::workspace_bytes counts 16 bytes per job
 
 struct ResolveParams {
   const int32_t* positions;  // [T, K], row stride pos_stride_t
@@ -63,23 +64,16 @@ struct ResolveParams {
   int64_t max_positions;
   int row_bytes;
   TieredCounters* ctr;
-  uint32_t* stamps;             // [max_requests, R]
+  uint32_t* stamps;             // [max_requests, R]; slot R - 1's word is the request's clock
   int32_t* slot_pos;            // [max_requests, R]
   int32_t* pos_slot;            // [max_requests, max_positions]
-  CopyJob* jobs;                // [max_requests * (R - 1)]
+  const uint8_t* pool;          // device-visible pointer of the pinned host pool, row stride pool_stride
+  int64_t pool_stride;
+  uint8_t* hot;                 // [max_requests * R rows], row stride hot_stride
+  int64_t hot_stride;
   int32_t* phys;                // [T, K], row stride phys_stride_t
   int64_t phys_stride_t;
   int32_t* counts;              // nullable [T]
-};
-
-struct CopyParams {
-  const uint8_t* pool;  // device-visible pointer of the pinned host pool
-  int64_t pool_stride;
-  uint8_t* hot;
-  int64_t hot_stride;
-  int chunks_per_row;   // row_bytes / 16
-  TieredCounters* ctr;
-  const CopyJob* jobs;
 };
 
 using SortPos = cub::BlockRadixSort<uint32_t, kThreads, kItems>;
@@ -88,9 +82,10 @@ using Scan = cub::BlockScan<int, kThreads>;
 
 struct ResolveSmem {
   union {
-    int32_t miss[kTieredMaxHotSlots];  // missing positions, in claim order (phase 1)
+    int32_t miss[kTieredMaxHotSlots];     // missing positions, in claim order (phase 1)
     typename SortPos::TempStorage sort_pos;
     typename SortSlot::TempStorage sort_slot;
+    CopyJob jobs[kTieredMaxHotSlots];     // the rows to copy, by rank (phase 2, after the sorts)
     typename Scan::TempStorage scan;
   };
   int32_t sorted_miss[kTieredMaxHotSlots];     // the misses by position (phase 2; frees registers)
@@ -101,7 +96,6 @@ struct ResolveSmem {
   int bad;            // the request is dropped: bad length or too many tokens
   unsigned long long hits;
   unsigned long long errors;
-  int64_t job_base;
 };
 static_assert(sizeof(ResolveSmem) <= 227 * 1024);
 
@@ -213,8 +207,9 @@ __device__ void sort_misses(const ResolveParams& p, int num_miss, ResolveSmem& s
   }
 }
 
-// Phase 2b: misses by position meet candidate slots by (stamp, slot), rank by rank.
-__device__ void assign_victims(const ResolveParams& p, int r, uint32_t now, ResolveSmem& sm) {
+// Phase 2b: misses by position meet candidate slots by (stamp, slot), rank by rank; then the
+// block copies the missing rows from the host pool.
+__device__ void assign_and_copy(const ResolveParams& p, int r, uint32_t now, ResolveSmem& sm) {
   const int num_miss = sm.num_miss;
   sort_misses(p, num_miss, sm);
   __syncthreads();
@@ -228,8 +223,7 @@ __device__ void assign_victims(const ResolveParams& p, int r, uint32_t now, Reso
   }
   // Stamps are <= now: keys below 2^(kSlotBits + bit width of now); the padding sorts last.
   SortSlot(sm.sort_slot).Sort(key, 0, kSlotBits + 32 - __clz(int(now)));
-  if (threadIdx.x == 0) sm.job_base = atomicAdd(&p.ctr->jobs, unsigned(num_miss));
-  __syncthreads();
+  __syncthreads();  // the sort's storage becomes the copy list
   int32_t* map = p.pos_slot + int64_t(r) * p.max_positions;
   int32_t* slot_pos = p.slot_pos + int64_t(r) * p.R;
 #pragma unroll
@@ -241,7 +235,31 @@ __device__ void assign_victims(const ResolveParams& p, int r, uint32_t now, Reso
     const int32_t old = slot_pos[s];
     if (old >= 0) map[old] = -1;
     map[q] = s, slot_pos[s] = q, stamps[s] = now;
-    p.jobs[sm.job_base + i] = CopyJob{pool_row_of(p, r, q), int64_t(r) * p.R + s};
+    sm.jobs[i] = CopyJob{int32_t(pool_row_of(p, r, q)), s};
+  }
+  __syncthreads();
+  // Rows of 16-byte pieces; thread t takes pieces t, t + kThreads, ..., kCopyUnroll loads at once.
+  const int pieces = p.row_bytes / 16;
+  const int total = num_miss * pieces;
+  uint8_t* hot = p.hot + int64_t(r) * p.R * p.hot_stride;
+  for (int base = int(threadIdx.x); base < total; base += kThreads * kCopyUnroll) {
+    uint4 v[kCopyUnroll];
+#pragma unroll
+    for (int u = 0; u < kCopyUnroll; ++u) {
+      const int i = base + u * kThreads;
+      if (i < total) {
+        const CopyJob job = sm.jobs[i / pieces];
+        v[u] = *reinterpret_cast<const uint4*>(p.pool + int64_t(job.src_row) * p.pool_stride + 16 * (i % pieces));
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kCopyUnroll; ++u) {
+      const int i = base + u * kThreads;
+      if (i < total) {
+        const CopyJob job = sm.jobs[i / pieces];
+        *reinterpret_cast<uint4*>(hot + int64_t(job.slot) * p.hot_stride + 16 * (i % pieces)) = v[u];
+      }
+    }
   }
 }
 
@@ -284,14 +302,17 @@ __global__ void __launch_bounds__(kThreads) resolve_kernel(ResolveParams p) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   ResolveSmem& sm = *reinterpret_cast<ResolveSmem*>(smem_raw);
   const int r = int(blockIdx.x);
-  const uint32_t now = *reinterpret_cast<volatile uint32_t*>(&p.ctr->clock) + 1;
+  // The request's clock: the stamp word of its reserved slot R - 1 (no LRU candidate reads it).
+  uint32_t* clock = p.stamps + int64_t(r) * p.R + (p.R - 1);
+  const uint32_t now = (r < p.num_reqs ? *clock : 0u) + 1;
   int32_t len;
   collect_tokens(p, r, sm, len);
-  if (sm.num_tokens > 0 && !sm.bad) {
+  const bool live = sm.num_tokens > 0 && !sm.bad;
+  if (live) {
     classify_entries(p, r, len, now, sm);
     __syncthreads();
-    if (sm.num_miss > 0) assign_victims(p, r, now, sm);
-    __syncthreads();  // map writes of every thread are visible to the block
+    if (sm.num_miss > 0) assign_and_copy(p, r, now, sm);
+    __syncthreads();  // map writes of every thread are visible to the block; the scan reuses the union
     write_rows(p, r, len, sm);
   } else if (sm.num_tokens > 0) {  // a dropped request: every one of its tokens comes out empty
     for (int64_t t = 0; t < p.num_tokens; ++t)
@@ -306,6 +327,7 @@ __global__ void __launch_bounds__(kThreads) resolve_kernel(ResolveParams p) {
   }
   __syncthreads();
   if (threadIdx.x == 0) {
+    if (live) *clock = now;
     const unsigned long long hits = sm.hits + (sm.newest_used ? 1 : 0);
     if (hits) atomicAdd(reinterpret_cast<unsigned long long*>(&p.ctr->hits), hits);
     if (sm.num_miss) {
@@ -313,42 +335,7 @@ __global__ void __launch_bounds__(kThreads) resolve_kernel(ResolveParams p) {
       atomicAdd(reinterpret_cast<unsigned long long*>(&p.ctr->bytes), (unsigned long long)sm.num_miss * p.row_bytes);
     }
     if (sm.errors) atomicAdd(reinterpret_cast<unsigned long long*>(&p.ctr->errors), sm.errors);
-    __threadfence();
-    if (atomicAdd(&p.ctr->done, 1u) == gridDim.x - 1) {  // every block has read the clock
-      p.ctr->clock = now;
-      p.ctr->done = 0;
-    }
-  }
-}
-
-__global__ void __launch_bounds__(kCopyThreads) copy_kernel(CopyParams p) {
-  const int64_t total = int64_t(*reinterpret_cast<volatile uint32_t*>(&p.ctr->jobs)) * p.chunks_per_row;
-  const int64_t step = int64_t(gridDim.x) * kCopyThreads * kCopyUnroll;
-  for (int64_t base = int64_t(blockIdx.x) * kCopyThreads * kCopyUnroll + threadIdx.x; base < total; base += step) {
-    uint4 v[kCopyUnroll];
-    int64_t dst[kCopyUnroll];
-#pragma unroll
-    for (int u = 0; u < kCopyUnroll; ++u) {
-      const int64_t i = base + int64_t(u) * kCopyThreads;
-      dst[u] = -1;
-      if (i < total) {
-        const CopyJob job = p.jobs[i / p.chunks_per_row];
-        const int64_t c = i % p.chunks_per_row;
-        v[u] = *reinterpret_cast<const uint4*>(p.pool + job.src_row * p.pool_stride + 16 * c);
-        dst[u] = job.dst_row * p.hot_stride + 16 * c;
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kCopyUnroll; ++u)
-      if (dst[u] >= 0) *reinterpret_cast<uint4*>(p.hot + dst[u]) = v[u];
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence();
-    if (atomicAdd(&p.ctr->done, 1u) == gridDim.x - 1) {  // every block has read the job count
-      p.ctr->jobs = 0;
-      p.ctr->done = 0;
-    }
+    if (r == 0) atomicAdd(&p.ctr->clock, 1u);  // steps resolved
   }
 }
 
@@ -441,7 +428,7 @@ void invalidate_tiered_positions(const TieredCache& cache, void* state, size_t s
 void resolve_tiered(const TieredCache& cache, const TieredResolveParams& p, void* stream) {
   cache.check(p);
   check_cuda_limits(cache);
-  SMLA_CHECK(p.workspace != nullptr && p.workspace_bytes >= cache.workspace_bytes(),
+  SMLA_CHECK(p.workspace_bytes >= cache.workspace_bytes() && (cache.workspace_bytes() == 0 || p.workspace),
              "tiered workspace too small: it needs " + s(int64_t(cache.workspace_bytes())) + " bytes; got " +
                  s(int64_t(p.workspace_bytes)));
   SMLA_CHECK(p.num_tokens <= INT32_MAX, "resolve_tiered: at most 2^31 - 1 tokens per step");
@@ -462,7 +449,8 @@ void resolve_tiered(const TieredCache& cache, const TieredResolveParams& p, void
   k.stamps = reinterpret_cast<uint32_t*>(base + L.stamps);
   k.slot_pos = reinterpret_cast<int32_t*>(base + L.slot_pos);
   k.pos_slot = reinterpret_cast<int32_t*>(base + L.pos_slot);
-  k.jobs = static_cast<CopyJob*>(p.workspace);
+  k.pool = static_cast<const uint8_t*>(pool), k.pool_stride = p.pool_row_stride_bytes;
+  k.hot = static_cast<uint8_t*>(p.hot), k.hot_stride = cache.hot_row_stride_bytes();
   k.phys = p.phys, k.phys_stride_t = p.phys_stride_t, k.counts = p.counts;
 
   auto st = static_cast<cudaStream_t>(stream);
@@ -472,20 +460,6 @@ void resolve_tiered(const TieredCache& cache, const TieredResolveParams& p, void
              "resolve_kernel shared-memory attribute");
   resolve_kernel<<<unsigned(p.num_reqs > 0 ? p.num_reqs : 1), kThreads, kSmem, st>>>(k);
   check_launch("resolve_kernel");
-
-  CopyParams cp{};
-  cp.pool = static_cast<const uint8_t*>(pool), cp.pool_stride = p.pool_row_stride_bytes;
-  cp.hot = static_cast<uint8_t*>(p.hot), cp.hot_stride = cache.hot_row_stride_bytes();
-  cp.chunks_per_row = cache.row_bytes() / 16;
-  cp.ctr = k.ctr, cp.jobs = k.jobs;
-  int dev = 0, sms = 0;
-  check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
-  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
-  // 16-byte loads in flight: 4 blocks x 256 threads x 4 per SM, ~8 MB on 132 SMs, far more than
-  // host-memory latency x PCIe bandwidth (~2 us x 55 GB/s); few enough idle blocks that a step
-  // without misses costs little.
-  copy_kernel<<<unsigned(sms * kCopyBlocksPerSm), kCopyThreads, 0, st>>>(cp);
-  check_launch("copy_kernel");
 }
 
 TieredCounters read_tiered_counters(const TieredCache& cache, const void* state, void* stream) {
