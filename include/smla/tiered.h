@@ -59,7 +59,8 @@ struct TieredCounters {
   uint64_t bytes = 0;    // bytes copied from the host pool
   uint64_t errors = 0;   // CUDA resolver only: entries or tokens dropped for bad device-side input
                          // (a request id without a hot buffer, a length past max_positions, more
-                         // tokens of one request than planned, a position outside the host pool);
+                         // tokens of one request than planned, a missing position with no
+                         // host-pool row);
                          // the CPU reference throws instead. 0 on good input.
   uint32_t clock = 0;    // steps resolved (each request's LRU clock lives with its stamps)
   uint32_t reserved[3] = {0, 0, 0};
@@ -166,7 +167,8 @@ void invalidate_tiered_positions(const TieredCache& cache, void* state, size_t s
 
 // The CPU reference resolver (host pointers; the host pool may be any host memory). Validates,
 // throws Error on bad input (a request id >= num_reqs, a length past max_positions, more tokens of
-// one request than planned, a valid position with no host-pool row), then resolves one step.
+// one request than planned, a position to copy (valid, not hot) with no host-pool row), then
+// resolves one step.
 void resolve_tiered_reference(const TieredCache& cache, const TieredResolveParams& p);
 
 // The seed's autotune_hisparse_decode as a pure function: the largest decode batch B (requests, one

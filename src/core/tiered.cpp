@@ -176,10 +176,12 @@ void resolve_tiered_reference(const TieredCache& cache, const TieredResolveParam
     SMLA_CHECK(int64_t(tokens[size_t(r)].size()) <= c.max_tokens_per_request,
                "request " + s(r) + " has " + s(int64_t(tokens[size_t(r)].size())) +
                    " tokens in this step, more than the planned max_tokens_per_request = " + s(c.max_tokens_per_request));
+    // A position that is not hot will be copied: it needs a host-pool row.
+    const int32_t* map = pos_slot + int64_t(r) * c.max_positions;
     for (int64_t t : tokens[size_t(r)])
       for (int j = 0; j < p.topk; ++j) {
         const int32_t pos = p.positions[t * p.pos_stride_t + j];
-        if (pos >= 0 && pos < len - 1)
+        if (pos >= 0 && pos < len - 1 && map[pos] < 0)
           SMLA_CHECK(pool_row(p, r, pos) >= 0, "request " + s(r) + " position " + s(pos) +
                                                    " has no host-pool row (block table too short, block id < 0 or "
                                                    "row >= pool_rows = " + s(p.pool_rows) + "); fix the block table or grow the pool");

@@ -496,3 +496,19 @@ TEST(Tiered, InvalidatePositions) {
   EXPECT_THROW(smla::invalidate_tiered_positions(w.cache, w.state.data(), w.state.size(), rq, far_pos, 1),
                smla::Error);
 }
+
+// Only rows that must be copied need a host-pool row: a hot position stays a hit even when the
+// pool no longer covers it (the CUDA resolver never reads the block table on the hit path).
+TEST(Tiered, HitsNeedNoPoolRow) {
+  World w(small_cfg(smla::KvFormat::kBF16, 3, 4, 1, 1, 16), 1);
+  std::vector<int32_t> phys, counts, lens{10}, pos{5, 2, 9};
+  smla::resolve_tiered_reference(w.cache, w.params(pos, 3, nullptr, lens, phys, counts));
+  auto p = w.params(pos, 3, nullptr, lens, phys, counts);
+  p.pool_rows = 1;  // rows of positions 2 and 5 are gone from the pool; both are hot
+  smla::resolve_tiered_reference(w.cache, p);
+  EXPECT_EQ(phys, (std::vector<int32_t>{1, 0, 3}));
+  std::vector<int32_t> pos3{5, 3, 9};  // 3 is not hot: it would be copied, and has no pool row
+  auto p3 = w.params(pos3, 3, nullptr, lens, phys, counts);
+  p3.pool_rows = 1;
+  EXPECT_THROW(smla::resolve_tiered_reference(w.cache, p3), smla::Error);
+}

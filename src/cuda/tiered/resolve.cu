@@ -106,13 +106,13 @@ __device__ __forceinline__ int64_t pool_row_of(const ResolveParams& p, int req, 
   return r < p.pool_rows ? r : -1;
 }
 
-// Entry classes: kInvalid (position < 0 or >= length), kNewest (length - 1, slot R - 1), kNoPool
-// (valid but no host-pool row: an error), kOld (everything else: a hot slot).
-enum EntryKind { kInvalid, kNewest, kNoPool, kOld };
-__device__ __forceinline__ EntryKind classify(const ResolveParams& p, int req, int32_t len, int32_t pos) {
+// Entry classes: kInvalid (position < 0 or >= length), kNewest (length - 1, slot R - 1), kOld
+// (everything else: a hot slot, found or copied; a miss whose position has no host-pool row is
+// an error and stays invalid, its map entry -1).
+enum EntryKind { kInvalid, kNewest, kOld };
+__device__ __forceinline__ EntryKind classify(int32_t len, int32_t pos) {
   if (pos < 0 || pos >= len) return kInvalid;
-  if (pos == len - 1) return kNewest;
-  return pool_row_of(p, req, pos) < 0 ? kNoPool : kOld;
+  return pos == len - 1 ? kNewest : kOld;
 }
 
 // Writes token t's row as empty (-1, count 0).
@@ -168,17 +168,18 @@ __device__ void classify_entries(const ResolveParams& p, int r, int32_t len, uin
         pos[u] = j < p.topk ? row[j] : -1;
       }
 #pragma unroll
-      for (int u = 0; u < kIlp; ++u) kind[u] = classify(p, r, len, pos[u]);
+      for (int u = 0; u < kIlp; ++u) kind[u] = classify(len, pos[u]);
 #pragma unroll
       for (int u = 0; u < kIlp; ++u) slot[u] = kind[u] == kOld ? map[pos[u]] : -3;
 #pragma unroll
       for (int u = 0; u < kIlp; ++u) {
         newest |= kind[u] == kNewest;
-        errors += kind[u] == kNoPool;
         if (slot[u] >= 0) {
           if (atomicExch(&stamps[slot[u]], now) != now) ++hits;  // distinct positions counted once
-        } else if (slot[u] == -1 && atomicCAS(&map[pos[u]], -1, -2) == -1) {
-          sm.miss[atomicAdd(&sm.num_miss, 1)] = pos[u];  // at most R - 1 distinct positions (plan rule)
+        } else if (slot[u] == -1) {  // a miss: its pool row is read only here, off the hit path
+          if (pool_row_of(p, r, pos[u]) < 0) ++errors;
+          else if (atomicCAS(&map[pos[u]], -1, -2) == -1)
+            sm.miss[atomicAdd(&sm.num_miss, 1)] = pos[u];  // at most R - 1 distinct positions (plan rule)
         }
       }
     }
@@ -281,9 +282,10 @@ __device__ void write_rows(const ResolveParams& p, int r, int32_t len, ResolveSm
       for (int u = 0; u < kIlp; ++u) pos[u] = first + u < p.topk ? row[first + u] : -1;
 #pragma unroll
       for (int u = 0; u < kIlp; ++u) {
-        const EntryKind k = classify(p, r, len, pos[u]);
-        phys[u] = k == kNewest ? r * p.R + p.R - 1 : k == kOld ? r * p.R + map[pos[u]] : -1;
-        valid[u] = phys[u] >= 0;
+        const EntryKind k = classify(len, pos[u]);
+        const int32_t slot = k == kNewest ? p.R - 1 : k == kOld ? map[pos[u]] : -1;  // -1: a pool-less miss
+        phys[u] = slot >= 0 ? r * p.R + slot : -1;
+        valid[u] = slot >= 0;
       }
       int total;
       Scan(sm.scan).ExclusiveSum(valid, offset, total);
