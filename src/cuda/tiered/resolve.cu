@@ -38,7 +38,7 @@ constexpr int kItems = 16;  // sort keys per thread
 static_assert(kThreads * kItems == kTieredMaxHotSlots);
 constexpr int kSlotBits = 13;  // slot < 8192
 constexpr int kIlp = 4;        // top-k entries per thread per pass (loads in flight)
-constexpr int kCopyUnroll = 8;  // 16-byte host loads in flight per thread: 64 KB per block
+constexpr int kCopyUnroll = 16;  // 16-byte host loads in flight per thread: 128 KB per block
 
 // One missing row to copy: its host-pool row and hot slot.
 struct CopyJob {
