@@ -5,7 +5,8 @@
 //
 // Ceiling measured in the same run: pinned host-to-device cudaMemcpy bandwidth. The miss path's
 // bandwidth is the bytes the resolver copied per step over the resolve-only step time (resolve
-// steps timed on their own, after the full steps).
+// steps timed on their own, after the full steps); beside it, a plain gather of as many random
+// pool rows (nothing but the copy, spread over every SM).
 //
 // Setup: each request has L = --context positions in a pinned host pool (rows in random order
 // through a shuffled block table) and the same rows in a device cache. Fresh positions sweep
@@ -23,6 +24,7 @@
 
 #include "bench.h"
 #include "cuda/common/bench_support.h"
+#include "cuda/tiered/gather.h"
 #include "smla/cuda.h"
 #include "smla/cuda_serving.h"
 #include "smla/cuda_tiered.h"
@@ -258,22 +260,36 @@ int bench_hisparse(const Args& a) {
         SMLA_CHECK(c1.errors == 0, "the resolver counted errors: the benchmark's inputs are wrong");
         const double misses = double(c1.misses - c0.misses) / reps, bytes = double(c1.bytes - c0.bytes) / reps;
         const double gbps = bytes / (t_resolve * 1e-3) / 1e9;
-        char line[512];
+        // The plain gather of as many random pool rows (the reference the miss path is held to).
+        double t_gather = 0;
+        const int64_t n_gather = int64_t(misses + 0.5);
+        if (n_gather > 0) {
+          std::vector<int32_t> rows(static_cast<size_t>(n_gather));
+          for (auto& x : rows) x = int32_t(rng() % uint64_t(pool_rows));
+          Dev d_rows(rows.size() * 4), dst(size_t(n_gather) * rb);
+          ck(cudaMemcpy(d_rows.p, rows.data(), rows.size() * 4, cudaMemcpyHostToDevice), "gather rows");
+          t_gather = median(time_calls(s, 0, reps, [&](int) {
+            cuda::gather_rows_from_host(pool.p, rb, d_rows.as<int32_t>(), n_gather, dst.p, rb, rb, s);
+          }));
+        }
+        char line[1024];
         std::snprintf(line, sizeof line,
                       "hisparse %-10s B %4lld K %d H %d reuse %3lld%%: step %.3f ms (resident %.3f ms, x%.2f) | resolve "
-                      "%.3f ms, %.0f misses/step, %.1f MB/step, %.1f GB/s = %.2f of pinned H2D | smla bench --hisparse "
+                      "%.3f ms (plain gather %.3f ms), %.0f misses/step, %.1f MB/step, %.1f GB/s = %.2f of pinned H2D | "
+                      "smla bench --hisparse "
                       "--formats %s --B %lld --reuse %lld --topk %d --heads %d --context %lld",
                       std::string(to_string(fmt)).c_str(), B, K, H, reuse, t_step, t_resident, t_step / t_resident,
-                      t_resolve, misses, bytes / 1e6, gbps, gbps / h2d, std::string(to_string(fmt)).c_str(), B, reuse, K,
+                      t_resolve, t_gather, misses, bytes / 1e6, gbps, gbps / h2d, std::string(to_string(fmt)).c_str(), B, reuse, K,
                       H, (long long)L);
         std::puts(line);
         std::fflush(stdout);
-        char js[512];
+        char js[1024];
         std::snprintf(js, sizeof js,
                       "  {\"format\": \"%s\", \"B\": %lld, \"K\": %d, \"H\": %d, \"reuse_pct\": %lld, \"step_ms\": %.5f, "
-                      "\"resident_ms\": %.5f, \"resolve_ms\": %.5f, \"misses_per_step\": %.1f, \"bytes_per_step\": %.0f, "
+                      "\"resident_ms\": %.5f, \"resolve_ms\": %.5f, \"gather_ms\": %.5f, \"misses_per_step\": %.1f, \"bytes_per_step\": %.0f, "
                       "\"miss_gbps\": %.3f, \"pinned_h2d_gbps\": %.3f}",
-                      std::string(to_string(fmt)).c_str(), B, K, H, reuse, t_step, t_resident, t_resolve, misses, bytes,
+                      std::string(to_string(fmt)).c_str(), B, K, H, reuse, t_step, t_resident, t_resolve, t_gather, misses,
+                      bytes,
                       gbps, h2d);
         json.push_back(js);
       }

@@ -22,10 +22,12 @@
 #include <cub/block/block_scan.cuh>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <string>
 
 #include "../serving/check.cuh"
 #include "../serving/writer_mirror.h"
+#include "gather.h"
 #include "smla/cuda_tiered.h"
 #include "smla/formats.h"
 #include "smla/index.h"
@@ -354,6 +356,26 @@ __global__ void invalidate_kernel(const int32_t* req, const int32_t* pos, int64_
   slot_pos[int64_t(q) * R + slot] = -1, stamps[int64_t(q) * R + slot] = 0, *m = -1;
 }
 
+// The benchmark's plain gather: 16-byte pieces of rows[i] -> row i, kCopyUnroll loads in flight.
+__global__ void __launch_bounds__(256) gather_kernel(const uint8_t* src, int64_t src_stride, const int32_t* rows,
+                                                     int64_t total, int pieces, uint8_t* dst, int64_t dst_stride) {
+  const int64_t step = int64_t(gridDim.x) * 256 * kCopyUnroll;
+  for (int64_t base = int64_t(blockIdx.x) * 256 * kCopyUnroll + threadIdx.x; base < total; base += step) {
+    uint4 v[kCopyUnroll];
+#pragma unroll
+    for (int u = 0; u < kCopyUnroll; ++u) {
+      const int64_t i = base + int64_t(u) * 256;
+      if (i < total)
+        v[u] = *reinterpret_cast<const uint4*>(src + int64_t(rows[i / pieces]) * src_stride + 16 * (i % pieces));
+    }
+#pragma unroll
+    for (int u = 0; u < kCopyUnroll; ++u) {
+      const int64_t i = base + int64_t(u) * 256;
+      if (i < total) *reinterpret_cast<uint4*>(dst + (i / pieces) * dst_stride + 16 * (i % pieces)) = v[u];
+    }
+  }
+}
+
 std::string s(int64_t v) { return std::to_string(v); }
 
 // The device-visible address of a pinned host pool; refuses pageable memory. The query runs in
@@ -462,6 +484,23 @@ void resolve_tiered(const TieredCache& cache, const TieredResolveParams& p, void
              "resolve_kernel shared-memory attribute");
   resolve_kernel<<<unsigned(p.num_reqs > 0 ? p.num_reqs : 1), kThreads, kSmem, st>>>(k);
   check_launch("resolve_kernel");
+}
+
+void gather_rows_from_host(const void* src, int64_t src_stride, const int32_t* rows, int64_t n, void* dst,
+                           int64_t dst_stride, int row_bytes, void* stream) {
+  SMLA_CHECK(n >= 0 && row_bytes > 0 && row_bytes % 16 == 0 && src_stride % 16 == 0 && dst_stride % 16 == 0,
+             "gather_rows_from_host: row bytes and strides must be positive multiples of 16");
+  if (n == 0) return;
+  const void* s_dev = device_view_of_pool(src, "gather source");
+  int dev = 0, sms = 0;
+  check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
+  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
+  const int pieces = row_bytes / 16;
+  const int64_t total = n * pieces;
+  const int64_t blocks = std::min<int64_t>((total + 256 * kCopyUnroll - 1) / (256 * kCopyUnroll), int64_t(sms) * 8);
+  gather_kernel<<<unsigned(blocks), 256, 0, static_cast<cudaStream_t>(stream)>>>(
+      static_cast<const uint8_t*>(s_dev), src_stride, rows, total, pieces, static_cast<uint8_t*>(dst), dst_stride);
+  check_launch("gather_kernel");
 }
 
 TieredCounters read_tiered_counters(const TieredCache& cache, const void* state, void* stream) {
