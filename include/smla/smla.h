@@ -79,6 +79,83 @@ smla_status smla_plan_workspace_bytes(const smla_plan* plan, size_t* out_bytes);
 smla_status smla_run(const smla_plan* plan, const smla_run_args* args, void* workspace, size_t workspace_bytes,
                      void* stream);
 
+/* ---- HiSparse: the host-backed tiered KV cache (C++ smla/tiered.h, DESIGN.md 4b).
+ * A plan of a tiered cache (sizes of the hot buffer, state and workspace the caller allocates),
+ * the per-step resolver on the CPU reference (host pointers) or the CUDA backend (device pointers;
+ * the host pool pinned), state reset and the device counters. */
+typedef struct smla_tiered_cache smla_tiered_cache; /* opaque, immutable */
+
+typedef struct smla_tiered_config {
+  int32_t kv_format;              /* smla_kv_format */
+  int32_t rope_dim;               /* 64 or 0 */
+  int32_t topk;                   /* K */
+  int32_t hot_slots;              /* R per request; 0: round_up(2K + 1, 128) */
+  int32_t max_requests;
+  int32_t max_tokens_per_request; /* refused unless max_tokens_per_request * K + 1 <= R */
+  int64_t max_positions;          /* longest request */
+  int64_t hot_row_stride_bytes;   /* 0: the row bytes */
+} smla_tiered_config;
+
+typedef struct smla_tiered_sizes {
+  int32_t hot_slots, row_bytes;
+  int64_t hot_rows, hot_row_stride_bytes; /* the hot buffer: hot_rows rows (num_rows for smla_run) */
+  size_t hot_buffer_bytes, state_bytes, workspace_bytes, device_bytes;
+} smla_tiered_sizes;
+
+/* One step; mirrors smla::TieredResolveParams (strides in elements). */
+typedef struct smla_tiered_step {
+  int64_t num_tokens;
+  const int32_t* positions; /* [T, K] request-local, -1 padded */
+  int64_t pos_stride_t;
+  int32_t topk;
+  const int32_t* req_of_token; /* nullable [T] */
+  int32_t num_reqs;
+  const int32_t* seq_lens;  /* [num_reqs] */
+  const void* pool;         /* host pool, row r at pool + r * pool_row_stride_bytes */
+  int64_t pool_rows, pool_row_stride_bytes;
+  const int32_t* block_table; /* [num_reqs, max_blocks] */
+  int64_t bt_stride;
+  int32_t max_blocks, block_size;
+  int64_t block_stride_rows;
+  void* hot;
+  size_t hot_bytes;
+  void* state;
+  size_t state_bytes;
+  void* workspace; /* CUDA only */
+  size_t workspace_bytes;
+  int32_t* phys;   /* [T, K] out */
+  int64_t phys_stride_t;
+  int32_t* counts; /* nullable [T] out */
+} smla_tiered_step;
+
+typedef struct smla_tiered_counters {
+  uint64_t hits, misses, bytes, errors;
+  uint32_t steps;
+} smla_tiered_counters;
+
+/* Defaults: fp8_ds_mla, rope 64, K 2048, R default, 1 request, 1 token, 131072 positions. */
+void smla_tiered_config_init(smla_tiered_config* cfg);
+smla_status smla_tiered_create(const smla_tiered_config* cfg, smla_tiered_cache** out_cache);
+void smla_tiered_destroy(smla_tiered_cache* cache);
+smla_status smla_tiered_get_sizes(const smla_tiered_cache* cache, smla_tiered_sizes* out_sizes);
+/* backend: smla_backend (CPU: host state; CUDA: device state, memsets on stream). release_req < 0:
+ * reset the whole state; otherwise forget that request's hot rows. */
+smla_status smla_tiered_reset(const smla_tiered_cache* cache, int32_t backend, void* state, size_t state_bytes,
+                              int32_t release_req, void* stream);
+/* Forgets the hot rows of single positions (req[i], pos[i]; negative: skipped), e.g. after
+ * rejected speculative tokens were overwritten in the pool. */
+smla_status smla_tiered_invalidate(const smla_tiered_cache* cache, int32_t backend, void* state, size_t state_bytes,
+                                   const int32_t* req, const int32_t* pos, int64_t n, void* stream);
+smla_status smla_tiered_resolve(const smla_tiered_cache* cache, int32_t backend, const smla_tiered_step* step,
+                                void* stream);
+/* Copies the counters (CUDA: synchronizes stream). */
+smla_status smla_tiered_read_counters(const smla_tiered_cache* cache, int32_t backend, const void* state,
+                                      void* stream, smla_tiered_counters* out_counters);
+/* The largest decode batch whose tiered device bytes plus attention_workspace_per_row * rows fit
+ * budget_bytes (cfg->max_requests ignored); 0 when none. */
+smla_status smla_tiered_max_decode_batch(const smla_tiered_config* cfg, size_t budget_bytes,
+                                         size_t attention_workspace_per_row, int64_t* out_batch);
+
 /* The message of the last failed call on this thread ("" after a success). */
 const char* smla_last_error(void);
 

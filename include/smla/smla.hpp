@@ -26,5 +26,7 @@
 #include "smla/smla.h"
 #include "smla/state.h"
 #include "smla/support.h"
+#include "smla/tiered.h"
+#include "smla/cuda_tiered.h"
 #include "smla/types.h"
 #include "smla/workspace.h"

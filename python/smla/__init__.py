@@ -510,3 +510,9 @@ def dump_layer(path, q, kv, idx, *, format, softmax_scale, counts=None, sink=Non
             "k_scale": repr(float(k_scale)), "lse_base": _lse_base(lse_base) or "e", "rope_dim": str(int(rope_dim))}
     with open(os.fspath(path), "wb") as f:
         f.write(_smla._st_serialize(tensors, meta))
+
+
+# HiSparse, the host-backed tiered cache (python/smla/tiered.py).
+from .tiered import TieredCache, max_tiered_decode_batch  # noqa: E402
+
+__all__ += ["TieredCache", "max_tiered_decode_batch"]

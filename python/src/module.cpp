@@ -69,6 +69,10 @@ std::optional<DType> parse_hint(const OptStr& name) {
 
 }  // namespace smla::py
 
+namespace smla::py {
+void register_tiered(nb::module_& m);  // python/src/tiered.cpp: smla.TieredCache
+}  // namespace smla::py
+
 NB_MODULE(_smla, m) {
   using namespace smla;
   using namespace smla::py;
@@ -115,4 +119,5 @@ NB_MODULE(_smla, m) {
   def_attention(m);
   def_serving(m);
   def_host(m);
+  register_tiered(m);
 }

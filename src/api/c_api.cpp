@@ -7,9 +7,16 @@
 #include <string>
 
 #include "smla/engine.h"
+#include "smla/tiered.h"
+#if SMLA_HAVE_CUDA
+#include "smla/cuda_tiered.h"
+#endif
 
 struct smla_plan {
   smla::Plan plan;
+};
+struct smla_tiered_cache {
+  smla::TieredCache cache;
 };
 
 namespace {
@@ -124,6 +131,138 @@ smla_status smla_run(const smla_plan* plan, const smla_run_args* a, void* worksp
     p.out_dtype = to_dtype(a->out_dtype, "out_dtype");
     p.lse = a->lse, p.lse_stride_t = a->lse_stride_t, p.lse_mode = g.lse_mode;
     plan->plan.run(p, workspace, workspace_bytes, stream);
+  });
+}
+
+void smla_tiered_config_init(smla_tiered_config* cfg) {
+  if (!cfg) return;
+  std::memset(cfg, 0, sizeof(*cfg));
+  const smla::TieredCacheConfig d;
+  cfg->kv_format = SMLA_KV_FP8_DS_MLA, cfg->rope_dim = d.rope_dim, cfg->topk = d.topk, cfg->hot_slots = d.hot_slots;
+  cfg->max_requests = d.max_requests, cfg->max_tokens_per_request = d.max_tokens_per_request;
+  cfg->max_positions = d.max_positions, cfg->hot_row_stride_bytes = d.hot_row_stride_bytes;
+}
+
+static smla::TieredCacheConfig tiered_config(const smla_tiered_config* c) {
+  SMLA_CHECK(c != nullptr, "smla_tiered_config is null");
+  smla::TieredCacheConfig t;
+  t.format = to_format(c->kv_format), t.rope_dim = c->rope_dim, t.topk = c->topk, t.hot_slots = c->hot_slots;
+  t.max_requests = c->max_requests, t.max_tokens_per_request = c->max_tokens_per_request;
+  t.max_positions = c->max_positions, t.hot_row_stride_bytes = c->hot_row_stride_bytes;
+  return t;
+}
+
+static bool tiered_cuda(int32_t backend) {
+  SMLA_CHECK(backend == SMLA_BACKEND_CPU || backend == SMLA_BACKEND_CUDA,
+             "backend must be SMLA_BACKEND_CPU or SMLA_BACKEND_CUDA; got " + std::to_string(backend));
+#if !SMLA_HAVE_CUDA
+  SMLA_CHECK(backend == SMLA_BACKEND_CPU, "this build has no CUDA backend; use SMLA_BACKEND_CPU");
+#endif
+  return backend == SMLA_BACKEND_CUDA;
+}
+
+smla_status smla_tiered_create(const smla_tiered_config* cfg, smla_tiered_cache** out_cache) {
+  return guarded([&] {
+    SMLA_CHECK(out_cache != nullptr, "smla_tiered_create: out_cache must not be null");
+    *out_cache = nullptr;
+    *out_cache = new smla_tiered_cache{smla::TieredCache(tiered_config(cfg))};
+  });
+}
+
+void smla_tiered_destroy(smla_tiered_cache* cache) { delete cache; }
+
+smla_status smla_tiered_get_sizes(const smla_tiered_cache* cache, smla_tiered_sizes* out) {
+  return guarded([&] {
+    SMLA_CHECK(cache && out, "smla_tiered_get_sizes: cache and out_sizes must not be null");
+    const smla::TieredCache& c = cache->cache;
+    out->hot_slots = c.hot_slots(), out->row_bytes = c.row_bytes();
+    out->hot_rows = c.hot_rows(), out->hot_row_stride_bytes = c.hot_row_stride_bytes();
+    out->hot_buffer_bytes = c.hot_buffer_bytes(), out->state_bytes = c.state_bytes();
+    out->workspace_bytes = c.workspace_bytes(), out->device_bytes = c.device_bytes();
+  });
+}
+
+smla_status smla_tiered_reset(const smla_tiered_cache* cache, int32_t backend, void* state, size_t state_bytes,
+                              int32_t release_req, void* stream) {
+  return guarded([&] {
+    SMLA_CHECK(cache != nullptr, "smla_tiered_reset: cache is null");
+    (void)stream;  // the CPU backend has none
+    if (tiered_cuda(backend)) {
+#if SMLA_HAVE_CUDA
+      if (release_req >= 0) smla::cuda::release_tiered_request(cache->cache, state, state_bytes, release_req, stream);
+      else smla::cuda::reset_tiered_state(cache->cache, state, state_bytes, stream);
+#endif
+      return;
+    }
+    if (release_req >= 0) smla::release_tiered_request(cache->cache, state, state_bytes, release_req);
+    else smla::reset_tiered_state(cache->cache, state, state_bytes);
+  });
+}
+
+smla_status smla_tiered_invalidate(const smla_tiered_cache* cache, int32_t backend, void* state, size_t state_bytes,
+                                   const int32_t* req, const int32_t* pos, int64_t n, void* stream) {
+  return guarded([&] {
+    SMLA_CHECK(cache != nullptr, "smla_tiered_invalidate: cache is null");
+    (void)stream;  // the CPU backend has none
+    if (tiered_cuda(backend)) {
+#if SMLA_HAVE_CUDA
+      smla::cuda::invalidate_tiered_positions(cache->cache, state, state_bytes, req, pos, n, stream);
+#endif
+      return;
+    }
+    smla::invalidate_tiered_positions(cache->cache, state, state_bytes, req, pos, n);
+  });
+}
+
+smla_status smla_tiered_resolve(const smla_tiered_cache* cache, int32_t backend, const smla_tiered_step* a,
+                                void* stream) {
+  return guarded([&] {
+    SMLA_CHECK(cache && a, "smla_tiered_resolve: cache and step must not be null");
+    (void)stream;  // the CPU backend has none
+    smla::TieredResolveParams p;
+    p.num_tokens = a->num_tokens, p.positions = a->positions, p.pos_stride_t = a->pos_stride_t, p.topk = a->topk;
+    p.req_of_token = a->req_of_token, p.num_reqs = a->num_reqs, p.seq_lens = a->seq_lens;
+    p.pool = a->pool, p.pool_rows = a->pool_rows, p.pool_row_stride_bytes = a->pool_row_stride_bytes;
+    p.block_table = a->block_table, p.bt_stride = a->bt_stride, p.max_blocks = a->max_blocks;
+    p.block_size = a->block_size, p.block_stride_rows = a->block_stride_rows;
+    p.hot = a->hot, p.hot_bytes = a->hot_bytes, p.state = a->state, p.state_bytes = a->state_bytes;
+    p.workspace = a->workspace, p.workspace_bytes = a->workspace_bytes;
+    p.phys = a->phys, p.phys_stride_t = a->phys_stride_t, p.counts = a->counts;
+    if (tiered_cuda(backend)) {
+#if SMLA_HAVE_CUDA
+      smla::cuda::resolve_tiered(cache->cache, p, stream);
+#endif
+      return;
+    }
+    smla::resolve_tiered_reference(cache->cache, p);
+  });
+}
+
+smla_status smla_tiered_read_counters(const smla_tiered_cache* cache, int32_t backend, const void* state,
+                                      void* stream, smla_tiered_counters* out) {
+  return guarded([&] {
+    SMLA_CHECK(cache && state && out, "smla_tiered_read_counters: cache, state and out must not be null");
+    (void)stream;  // the CPU backend has none
+    smla::TieredCounters k;
+    if (tiered_cuda(backend)) {
+#if SMLA_HAVE_CUDA
+      k = smla::cuda::read_tiered_counters(cache->cache, state, stream);
+#endif
+    } else {
+      std::memcpy(&k, static_cast<const uint8_t*>(state) + cache->cache.state_layout().counters, sizeof(k));
+    }
+    out->hits = k.hits, out->misses = k.misses, out->bytes = k.bytes, out->errors = k.errors, out->steps = k.clock;
+  });
+}
+
+smla_status smla_tiered_max_decode_batch(const smla_tiered_config* cfg, size_t budget_bytes,
+                                         size_t attention_workspace_per_row, int64_t* out_batch) {
+  return guarded([&] {
+    SMLA_CHECK(out_batch != nullptr, "smla_tiered_max_decode_batch: out_batch is null");
+    smla::TieredCacheConfig t = tiered_config(cfg);
+    t.max_requests = 1;
+    *out_batch = smla::max_tiered_decode_batch(
+        t, budget_bytes, [&](int64_t rows) { return size_t(rows) * attention_workspace_per_row; });
   });
 }
 

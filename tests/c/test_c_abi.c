@@ -97,6 +97,53 @@ int main(void) {
   EXPECT(smla_plan_create(&odd, &p2) == SMLA_ERROR_UNSUPPORTED && p2 == NULL);
   EXPECT(strstr(smla_last_error(), "576") != NULL);
 
+  /* HiSparse tiered cache on the CPU backend: K = 3, R = 4 (slots 0..2, 3 the newest), one request. */
+  {
+    smla_tiered_config tcfg;
+    smla_tiered_config_init(&tcfg);
+    EXPECT(tcfg.topk == 2048 && tcfg.kv_format == SMLA_KV_FP8_DS_MLA);
+    tcfg.kv_format = SMLA_KV_BF16, tcfg.topk = 3, tcfg.hot_slots = 3, tcfg.max_positions = 16;
+    smla_tiered_cache* tc = NULL;
+    EXPECT(smla_tiered_create(&tcfg, &tc) == SMLA_ERROR_INVALID_ARGUMENT && tc == NULL); /* 1 x 3 + 1 > 3 */
+    EXPECT(strstr(smla_last_error(), "at least 4") != NULL);
+    tcfg.hot_slots = 4;
+    EXPECT(smla_tiered_create(&tcfg, &tc) == SMLA_OK && tc != NULL);
+    smla_tiered_sizes sz;
+    EXPECT(smla_tiered_get_sizes(tc, &sz) == SMLA_OK && sz.hot_slots == 4 && sz.row_bytes == 1152 && sz.hot_rows == 4);
+    static uint8_t tpool[16 * 1152], thot[4 * 1152], tstate[1 << 14];
+    for (int i = 0; i < 16 * 1152; ++i) tpool[i] = (uint8_t)(i / 1152 * 3 + 1);
+    EXPECT(sz.state_bytes <= sizeof tstate);
+    EXPECT(smla_tiered_reset(tc, SMLA_BACKEND_CPU, tstate, sizeof tstate, -1, NULL) == SMLA_OK);
+    int32_t tpos[3] = {5, 2, 9}, tlen = 10, ttable[1] = {0}, tphys[3], tcount = 0;
+    smla_tiered_step st;
+    memset(&st, 0, sizeof st);
+    st.num_tokens = 1, st.positions = tpos, st.pos_stride_t = 3, st.topk = 3, st.num_reqs = 1, st.seq_lens = &tlen;
+    st.pool = tpool, st.pool_rows = 16, st.pool_row_stride_bytes = 1152;
+    st.block_table = ttable, st.bt_stride = 1, st.max_blocks = 1, st.block_size = 16, st.block_stride_rows = 16;
+    st.hot = thot, st.hot_bytes = sizeof thot, st.state = tstate, st.state_bytes = sizeof tstate;
+    st.phys = tphys, st.phys_stride_t = 3, st.counts = &tcount;
+    EXPECT(smla_tiered_resolve(tc, SMLA_BACKEND_CPU, &st, NULL) == SMLA_OK);
+    /* 9 is the newest (slot 3); misses 2 and 5 take slots 0 and 1, in position order. */
+    EXPECT(tcount == 3 && tphys[0] == 1 && tphys[1] == 0 && tphys[2] == 3);
+    EXPECT(thot[0] == 2 * 3 + 1 && thot[1152] == 5 * 3 + 1);
+    smla_tiered_counters k;
+    EXPECT(smla_tiered_read_counters(tc, SMLA_BACKEND_CPU, tstate, NULL, &k) == SMLA_OK);
+    EXPECT(k.misses == 2 && k.hits == 1 && k.steps == 1 && k.bytes == 2 * 1152);
+    { /* position 5 forgotten: the next step copies it again */
+      const int32_t ireq[1] = {0}, ipos[1] = {5};
+      EXPECT(smla_tiered_invalidate(tc, SMLA_BACKEND_CPU, tstate, sizeof tstate, ireq, ipos, 1, NULL) == SMLA_OK);
+      EXPECT(smla_tiered_resolve(tc, SMLA_BACKEND_CPU, &st, NULL) == SMLA_OK);
+      EXPECT(smla_tiered_read_counters(tc, SMLA_BACKEND_CPU, tstate, NULL, &k) == SMLA_OK && k.misses == 3);
+    }
+    tlen = 17; /* past max_positions */
+    EXPECT(smla_tiered_resolve(tc, SMLA_BACKEND_CPU, &st, NULL) == SMLA_ERROR_INVALID_ARGUMENT);
+    EXPECT(strstr(smla_last_error(), "max_positions") != NULL);
+    int64_t batch = -1;
+    tcfg.max_requests = 1;
+    EXPECT(smla_tiered_max_decode_batch(&tcfg, 1 << 20, 0, &batch) == SMLA_OK && batch > 0);
+    smla_tiered_destroy(tc);
+  }
+
   printf("%d passed, %d failed\n", g_pass, g_fail);
   return g_fail == 0 ? 0 : 1;
 }

@@ -146,6 +146,20 @@ int cmd_bench(const Args& a) {
   // Every flag given is used by the chosen path, or refused (never silently ignored).
   SMLA_CHECK(!a.has("q") || a.get("q", "") == "e4m3",
              "--q must be e4m3 (without it q is bf16, or fp16 for an fp16 cache); got '" + a.get("q", "") + "'");
+  if (a.has("hisparse")) {
+#if SMLA_HAVE_CUDA
+    for (const auto& [key, value] : a.kv)
+      SMLA_CHECK(key == "hisparse" || key == "formats" || key == "B" || key == "reuse" || key == "topk" ||
+                     key == "heads" || key == "context" || key == "reps" || key == "json",
+                 "--" + key + " has no effect with --hisparse (it reads --formats, --B, --reuse, --topk, --heads, "
+                 "--context, --reps and --json)");
+    return bench_hisparse(a);
+#else
+    fail("smla bench --hisparse needs the CUDA backend; this build has none (build with nvcc on the PATH)");
+#endif
+  }
+  for (const char* key : {"formats", "B", "reuse", "context"})
+    SMLA_CHECK(!a.has(key), std::string("--") + key + " is read only with --hisparse");
   if (a.has("dcp")) {
     for (const auto& kv : a.kv) {
       const std::string& key = kv.first;

@@ -38,6 +38,10 @@ void write_json(const std::string& path, const std::vector<BenchRecord>& recs, c
 // The GPU benchmark (tools/smla/bench_cuda.cpp); returns the process exit code.
 int bench_cuda(const Args& a);
 #endif
+#if SMLA_HAVE_CUDA
+// smla bench --hisparse (tools/smla/bench_hisparse.cpp).
+int bench_hisparse(const Args& a);
+#endif
 #if SMLA_HAVE_NCCL
 // smla bench --dcp W (tools/smla/bench_dcp.cpp).
 int bench_dcp(const Args& a);

@@ -6,6 +6,7 @@
 
 #include "check.cuh"
 #include "smla/cuda_serving.h"
+#include "writer_mirror.h"
 #include "smla/formats.h"
 #include "smla/numeric.h"
 
@@ -32,6 +33,12 @@ struct WriterParams {
   int64_t block_stride_rows;
   int rope_dim;
   float k_scale;
+  // The tiered cache's second destination (smla/cuda_tiered.h): the same row, staged in shared
+  // memory, also goes to mirror row mirror_rows[n] when that is in [0, mirror_num_rows).
+  uint8_t* mirror = nullptr;              // nullable
+  const int32_t* mirror_rows = nullptr;   // [N], negative: none
+  int64_t mirror_num_rows = 0, mirror_stride = 0;
+  int row_bytes = 0;                      // bytes copied to both destinations (a multiple of 16)
 };
 
 __device__ __forceinline__ float load(const uint16_t* p, int64_t i, bool bf16) {
@@ -46,7 +53,9 @@ __global__ void __launch_bounds__(kThreads) cache_writer_kernel(WriterParams p) 
   if (slot < 0) return;
   const int64_t row_id = int64_t(slot / p.block_size) * p.block_stride_rows + slot % p.block_size;
   if (row_id >= p.num_rows) return;  // past the cache: skipped, never written
-  uint8_t* row = p.cache + row_id * p.row_stride;
+  __shared__ alignas(16) uint8_t staged[row_layout(kFormat).bytes];  // the row, when it goes to the mirror too
+  const bool mirrored = p.mirror != nullptr && p.mirror_rows[n] >= 0 && p.mirror_rows[n] < p.mirror_num_rows;
+  uint8_t* row = mirrored ? staged : p.cache + row_id * p.row_stride;
   const int tid = threadIdx.x;
   float x[4];
 #pragma unroll
@@ -88,15 +97,30 @@ __global__ void __launch_bounds__(kThreads) cache_writer_kernel(WriterParams p) 
     if ((tid & 3) == 0) row[nvfp4_scale_offset(tid >> 2)] = sb;
     if (tid < kRopeDim) row[l.rope_offset + tid] = has_rope ? num::f32_to_e4m3(r) : uint8_t(0);
   }
+  if (mirrored) {  // block-uniform: n decides it
+    __syncthreads();
+    uint8_t* dst = p.cache + row_id * p.row_stride;
+    uint8_t* dst2 = p.mirror + int64_t(p.mirror_rows[n]) * p.mirror_stride;
+    static_assert(16 * kThreads >= row_layout(kFormat).bytes, "one 16-byte piece of the row per thread");
+    if (16 * tid < p.row_bytes) {
+      const uint4 v = *reinterpret_cast<const uint4*>(staged + 16 * tid);
+      *reinterpret_cast<uint4*>(dst + 16 * tid) = v;
+      *reinterpret_cast<uint4*>(dst2 + 16 * tid) = v;
+    }
+  }
 }
 
 }  // namespace
 
-void write_cache(const CacheWriteParams& p, void* stream) {
+void write_cache(const CacheWriteParams& p, void* stream) { write_cache_mirrored(p, WriterMirror{}, stream); }
+
+void write_cache_mirrored(const CacheWriteParams& p, const WriterMirror& m, void* stream) {
   validate(p);
   if (p.num_tokens == 0) return;
   SMLA_CHECK(p.num_tokens <= 0x7fffffffLL, "write_cache: at most 2^31 - 1 tokens per call");
   WriterParams w;
+  w.mirror = static_cast<uint8_t*>(m.base), w.mirror_rows = m.rows, w.mirror_num_rows = m.num_rows;
+  w.mirror_stride = m.row_stride_bytes, w.row_bytes = row_bytes(p.format, p.rope_dim);
   w.latent = static_cast<const uint16_t*>(p.latent), w.latent_stride = p.latent_stride;
   w.rope = static_cast<const uint16_t*>(p.rope), w.rope_stride = p.rope_stride;
   w.src_bf16 = p.src_dtype == DType::kBF16;

@@ -1,0 +1,16 @@
+// A plain gather of rows from pinned host memory into device memory: the reference the
+// benchmark holds the resolver's miss path to (smla bench --hisparse). Internal to the CUDA layer
+// and the tools.
+#pragma once
+
+#include <cstdint>
+
+namespace smla::cuda {
+
+// dst row i <- src row rows[i] for i < n (rows: device [n] int32). Every stride and row_bytes a
+// multiple of 16; src is a pinned host pointer (or device memory). The grid covers every SM with
+// 16 loads of 16 bytes in flight per thread.
+void gather_rows_from_host(const void* src, int64_t src_stride, const int32_t* rows, int64_t n, void* dst,
+                           int64_t dst_stride, int row_bytes, void* stream);
+
+}  // namespace smla::cuda

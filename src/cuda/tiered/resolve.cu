@@ -1,0 +1,539 @@
+// The HiSparse resolver (smla/tiered.h states the rule; resolve_tiered_reference is its
+// definition). One launch per step, no host synchronization and no cross-block coordination, so
+// a step can be captured in a CUDA graph. resolve_kernel runs one 512-thread block per request:
+//
+//   0. collects the request's tokens and reads its clock (the stamp word of its slot R - 1);
+//   1. stamps the hits and claims each missing position once (atomicCAS -1 -> -2 on the
+//      position -> slot map), kIlp entries per thread in flight;
+//   2. sorts the misses by position and the candidate slots by (stamp, slot) with two block-wide
+//      radix sorts (R <= 8192 slots: 16 keys per thread), pairs them rank by rank, updates map,
+//      slot positions and stamps, and copies the missing rows straight from pinned host memory
+//      into the hot buffer (16 bytes per thread, kCopyUnroll loads in flight per thread);
+//   3. writes the physical hot rows of every token (compacted in entry order by a block scan) and
+//      its count, advances the request's clock and adds its counters (fire-and-forget atomics).
+//
+// A step that hits everything is one pass over the entries with no sort and no copy. A step with
+// misses copies them from the SMs of the requests that miss: with B requests missing, B blocks
+// of 512 threads x kCopyUnroll x 16 B are in flight.
+//
+// Device-side bad input (request ids, lengths, positions with no pool row) never reaches memory:
+// it is counted in TieredCounters::errors and those tokens/entries come out empty.
+#include <cub/block/block_radix_sort.cuh>
+#include <cub/block/block_scan.cuh>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <string>
+
+#include "../serving/check.cuh"
+#include "../serving/writer_mirror.h"
+#include "gather.h"
+#include "smla/cuda_tiered.h"
+#include "smla/formats.h"
+#include "smla/index.h"
+
+namespace smla::cuda {
+namespace {
+
+constexpr int kThreads = 512;
+constexpr int kItems = 16;  // sort keys per thread
+static_assert(kThreads * kItems == kTieredMaxHotSlots);
+constexpr int kSlotBits = 13;  // slot < 8192
+constexpr int kIlp = 4;        // top-k entries per thread per pass (loads in flight)
+constexpr int kCopyUnroll = 16;  // 16-byte host loads in flight per thread: 128 KB per block
+
+// One missing row to copy: its host-pool row and hot slot.
+struct CopyJob {
+  int32_t src_row;
+  int32_t slot;
+};
+
+struct ResolveParams {
+  const int32_t* positions;  // [T, K], row stride pos_stride_t
+  int64_t pos_stride_t;
+  int64_t num_tokens;
+  int topk;
+  const int32_t* req_of_token;  // nullable [T]
+  int num_reqs;
+  const int32_t* seq_lens;      // [num_reqs]
+  int64_t pool_rows;
+  const int32_t* block_table;   // [num_reqs, max_blocks], row stride bt_stride
+  int64_t bt_stride;
+  int max_blocks, block_size;
+  int64_t block_stride_rows;
+  int R;                        // hot slots per request
+  int max_tokens_per_request;
+  int64_t max_positions;
+  int row_bytes;
+  TieredCounters* ctr;
+  uint32_t* stamps;             // [max_requests, R]; slot R - 1's word is the request's clock
+  int32_t* slot_pos;            // [max_requests, R]
+  int32_t* pos_slot;            // [max_requests, max_positions]
+  const uint8_t* pool;          // device-visible pointer of the pinned host pool, row stride pool_stride
+  int64_t pool_stride;
+  uint8_t* hot;                 // [max_requests * R rows], row stride hot_stride
+  int64_t hot_stride;
+  int32_t* phys;                // [T, K], row stride phys_stride_t
+  int64_t phys_stride_t;
+  int32_t* counts;              // nullable [T]
+};
+
+using SortPos = cub::BlockRadixSort<uint32_t, kThreads, kItems>;
+using SortSlot = cub::BlockRadixSort<uint64_t, kThreads, kItems>;
+using Scan = cub::BlockScan<int, kThreads>;
+
+struct ResolveSmem {
+  union {
+    int32_t miss[kTieredMaxHotSlots];     // missing positions, in claim order (phase 1)
+    typename SortPos::TempStorage sort_pos;
+    typename SortSlot::TempStorage sort_slot;
+    CopyJob jobs[kTieredMaxHotSlots];     // the rows to copy, by rank (phase 2, after the sorts)
+    typename Scan::TempStorage scan;
+  };
+  int32_t sorted_miss[kTieredMaxHotSlots];     // the misses by position (phase 2; frees registers)
+  int32_t tokens[kTieredMaxTokensPerRequest];  // this request's tokens (any order)
+  int num_tokens;
+  int num_miss;
+  int newest_used;
+  int bad;            // the request is dropped: bad length or too many tokens
+  unsigned long long hits;
+  unsigned long long errors;
+};
+static_assert(sizeof(ResolveSmem) <= 227 * 1024);
+
+// Host-pool row of a request-local position, or -1 (the device cache's paged rule, one rank).
+__device__ __forceinline__ int64_t pool_row_of(const ResolveParams& p, int req, int32_t pos) {
+  const int32_t r = logical_to_physical(pos, p.block_table + int64_t(req) * p.bt_stride, p.max_blocks, p.block_size,
+                                        p.block_stride_rows, 1, 0, 1);
+  return r < p.pool_rows ? r : -1;
+}
+
+// Entry classes: kInvalid (position < 0 or >= length), kNewest (length - 1, slot R - 1), kOld
+// (everything else: a hot slot, found or copied; a miss whose position has no host-pool row is
+// an error and stays invalid, its map entry -1).
+enum EntryKind { kInvalid, kNewest, kOld };
+__device__ __forceinline__ EntryKind classify(int32_t len, int32_t pos) {
+  if (pos < 0 || pos >= len) return kInvalid;
+  return pos == len - 1 ? kNewest : kOld;
+}
+
+// Writes token t's row as empty (-1, count 0).
+__device__ void write_empty_row(const ResolveParams& p, int64_t t) {
+  int32_t* out = p.phys + t * p.phys_stride_t;
+  for (int j = int(threadIdx.x); j < p.topk; j += kThreads) out[j] = -1;
+  if (threadIdx.x == 0 && p.counts) p.counts[t] = 0;
+}
+
+__device__ __forceinline__ int64_t req_of(const ResolveParams& p, int64_t t) {
+  return p.req_of_token ? int64_t(p.req_of_token[t]) : t;
+}
+
+// Phase 0: this request's tokens into shared memory; the length and token-count checks.
+__device__ void collect_tokens(const ResolveParams& p, int r, ResolveSmem& sm, int32_t& len) {
+  if (threadIdx.x == 0) sm.num_tokens = 0, sm.num_miss = 0, sm.newest_used = 0, sm.hits = 0, sm.errors = 0;
+  __syncthreads();
+  if (r < p.num_reqs) {
+    if (p.req_of_token) {
+      for (int64_t t = threadIdx.x; t < p.num_tokens; t += kThreads)
+        if (p.req_of_token[t] == r) {
+          const int i = atomicAdd(&sm.num_tokens, 1);
+          if (i < kTieredMaxTokensPerRequest) sm.tokens[i] = int32_t(t);
+        }
+    } else if (threadIdx.x == 0 && r < p.num_tokens) {
+      sm.tokens[0] = r, sm.num_tokens = 1;
+    }
+  }
+  __syncthreads();
+  len = r < p.num_reqs ? p.seq_lens[r] : 0;
+  if (threadIdx.x == 0) {
+    sm.bad = sm.num_tokens > 0 && (len < 0 || len > p.max_positions || sm.num_tokens > p.max_tokens_per_request);
+    if (sm.bad) sm.errors += unsigned(sm.num_tokens);
+  }
+  __syncthreads();
+}
+
+// Phase 1: stamp hits, claim misses. Each thread takes kIlp entries per pass (strided, so loads
+// coalesce) and issues their loads together: one token row of K = 2048 is one pass.
+__device__ void classify_entries(const ResolveParams& p, int r, int32_t len, uint32_t now, ResolveSmem& sm) {
+  int32_t* map = p.pos_slot + int64_t(r) * p.max_positions;
+  uint32_t* stamps = p.stamps + int64_t(r) * p.R;
+  unsigned long long hits = 0, errors = 0;
+  bool newest = false;
+  for (int i = 0; i < sm.num_tokens; ++i) {
+    const int32_t* row = p.positions + int64_t(sm.tokens[i]) * p.pos_stride_t;
+    for (int base = 0; base < p.topk; base += kThreads * kIlp) {
+      int32_t pos[kIlp], slot[kIlp];
+      EntryKind kind[kIlp];
+#pragma unroll
+      for (int u = 0; u < kIlp; ++u) {
+        const int j = base + u * kThreads + int(threadIdx.x);
+        pos[u] = j < p.topk ? row[j] : -1;
+      }
+#pragma unroll
+      for (int u = 0; u < kIlp; ++u) kind[u] = classify(len, pos[u]);
+#pragma unroll
+      for (int u = 0; u < kIlp; ++u) slot[u] = kind[u] == kOld ? map[pos[u]] : -3;
+#pragma unroll
+      for (int u = 0; u < kIlp; ++u) {
+        newest |= kind[u] == kNewest;
+        if (slot[u] >= 0) {
+          if (atomicExch(&stamps[slot[u]], now) != now) ++hits;  // distinct positions counted once
+        } else if (slot[u] == -1) {  // a miss: its pool row is read only here, off the hit path
+          if (pool_row_of(p, r, pos[u]) < 0) ++errors;
+          else if (atomicCAS(&map[pos[u]], -1, -2) == -1)
+            sm.miss[atomicAdd(&sm.num_miss, 1)] = pos[u];  // at most R - 1 distinct positions (plan rule)
+        }
+      }
+    }
+  }
+  if (hits) atomicAdd(&sm.hits, hits);
+  if (errors) atomicAdd(&sm.errors, errors);
+  if (newest) atomicExch(&sm.newest_used, 1);
+}
+
+// Phase 2a: the claimed misses into sm.sorted_miss, ascending.
+__device__ void sort_misses(const ResolveParams& p, int num_miss, ResolveSmem& sm) {
+  uint32_t pos[kItems];  // blocked: thread i holds ranks i*kItems .. i*kItems + kItems - 1
+#pragma unroll
+  for (int k = 0; k < kItems; ++k) {
+    const int i = int(threadIdx.x) * kItems + k;
+    pos[k] = i < num_miss ? uint32_t(sm.miss[i]) : 0xffffffffu;
+  }
+  __syncthreads();  // sm.miss is reused by the sort
+  // Positions are < max_positions: only their low bits take part (the padding's low bits are all
+  // ones, so it still sorts last).
+  SortPos(sm.sort_pos).Sort(pos, 0, 32 - __clz(int(p.max_positions)));
+#pragma unroll
+  for (int k = 0; k < kItems; ++k) {
+    const int i = int(threadIdx.x) * kItems + k;
+    if (i < num_miss) sm.sorted_miss[i] = int32_t(pos[k]);
+  }
+}
+
+// Phase 2b: misses by position meet candidate slots by (stamp, slot), rank by rank; then the
+// block copies the missing rows from the host pool.
+__device__ void assign_and_copy(const ResolveParams& p, int r, uint32_t now, ResolveSmem& sm) {
+  const int num_miss = sm.num_miss;
+  sort_misses(p, num_miss, sm);
+  __syncthreads();
+  uint32_t* stamps = p.stamps + int64_t(r) * p.R;
+  uint64_t key[kItems];
+#pragma unroll
+  for (int k = 0; k < kItems; ++k) {
+    const int s = int(threadIdx.x) * kItems + k;
+    const uint32_t st = s < p.R - 1 ? stamps[s] : now;
+    key[k] = st != now ? (uint64_t(st) << kSlotBits) | uint64_t(s) : ~uint64_t(0);
+  }
+  // Stamps are <= now: keys below 2^(kSlotBits + bit width of now); the padding sorts last.
+  SortSlot(sm.sort_slot).Sort(key, 0, kSlotBits + 32 - __clz(int(now)));
+  __syncthreads();  // the sort's storage becomes the copy list
+  int32_t* map = p.pos_slot + int64_t(r) * p.max_positions;
+  int32_t* slot_pos = p.slot_pos + int64_t(r) * p.R;
+#pragma unroll
+  for (int k = 0; k < kItems; ++k) {
+    const int i = int(threadIdx.x) * kItems + k;
+    if (i >= num_miss) break;
+    const int s = int(key[k] & ((uint64_t(1) << kSlotBits) - 1));
+    const int32_t q = sm.sorted_miss[i];
+    const int32_t old = slot_pos[s];
+    if (old >= 0) map[old] = -1;
+    map[q] = s, slot_pos[s] = q, stamps[s] = now;
+    sm.jobs[i] = CopyJob{int32_t(pool_row_of(p, r, q)), s};
+  }
+  __syncthreads();
+  // Rows of 16-byte pieces; thread t takes pieces t, t + kThreads, ..., kCopyUnroll loads at once.
+  const int pieces = p.row_bytes / 16;
+  const int total = num_miss * pieces;
+  uint8_t* hot = p.hot + int64_t(r) * p.R * p.hot_stride;
+  for (int base = int(threadIdx.x); base < total; base += kThreads * kCopyUnroll) {
+    uint4 v[kCopyUnroll];
+#pragma unroll
+    for (int u = 0; u < kCopyUnroll; ++u) {
+      const int i = base + u * kThreads;
+      if (i < total) {
+        const CopyJob job = sm.jobs[i / pieces];
+        v[u] = *reinterpret_cast<const uint4*>(p.pool + int64_t(job.src_row) * p.pool_stride + 16 * (i % pieces));
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kCopyUnroll; ++u) {
+      const int i = base + u * kThreads;
+      if (i < total) {
+        const CopyJob job = sm.jobs[i / pieces];
+        *reinterpret_cast<uint4*>(hot + int64_t(job.slot) * p.hot_stride + 16 * (i % pieces)) = v[u];
+      }
+    }
+  }
+}
+
+// Phase 3: physical hot rows of every token of the request, compacted in entry order. A pass
+// covers kThreads * kIlp entries, thread t holding kIlp consecutive ones (the blocked order the
+// scan numbers them in).
+__device__ void write_rows(const ResolveParams& p, int r, int32_t len, ResolveSmem& sm) {
+  const int32_t* map = p.pos_slot + int64_t(r) * p.max_positions;
+  for (int i = 0; i < sm.num_tokens; ++i) {
+    const int64_t t = sm.tokens[i];
+    const int32_t* row = p.positions + t * p.pos_stride_t;
+    int32_t* out = p.phys + t * p.phys_stride_t;
+    int n = 0;  // uniform across the block
+    for (int base = 0; base < p.topk; base += kThreads * kIlp) {
+      const int first = base + int(threadIdx.x) * kIlp;
+      int32_t pos[kIlp], phys[kIlp];
+      int valid[kIlp], offset[kIlp];
+#pragma unroll
+      for (int u = 0; u < kIlp; ++u) pos[u] = first + u < p.topk ? row[first + u] : -1;
+#pragma unroll
+      for (int u = 0; u < kIlp; ++u) {
+        const EntryKind k = classify(len, pos[u]);
+        const int32_t slot = k == kNewest ? p.R - 1 : k == kOld ? map[pos[u]] : -1;  // -1: a pool-less miss
+        phys[u] = slot >= 0 ? r * p.R + slot : -1;
+        valid[u] = slot >= 0;
+      }
+      int total;
+      Scan(sm.scan).ExclusiveSum(valid, offset, total);
+#pragma unroll
+      for (int u = 0; u < kIlp; ++u)
+        if (valid[u]) out[n + offset[u]] = phys[u];
+      n += total;
+      __syncthreads();  // the scan storage is reused by the next pass
+    }
+    for (int j = n + int(threadIdx.x); j < p.topk; j += kThreads) out[j] = -1;
+    if (threadIdx.x == 0 && p.counts) p.counts[t] = n;
+  }
+}
+
+__global__ void __launch_bounds__(kThreads) resolve_kernel(ResolveParams p) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  ResolveSmem& sm = *reinterpret_cast<ResolveSmem*>(smem_raw);
+  const int r = int(blockIdx.x);
+  // The request's clock: the stamp word of its reserved slot R - 1 (no LRU candidate reads it).
+  uint32_t* clock = p.stamps + int64_t(r) * p.R + (p.R - 1);
+  const uint32_t now = (r < p.num_reqs ? *clock : 0u) + 1;
+  int32_t len;
+  collect_tokens(p, r, sm, len);
+  const bool live = sm.num_tokens > 0 && !sm.bad;
+  if (live) {
+    classify_entries(p, r, len, now, sm);
+    __syncthreads();
+    if (sm.num_miss > 0) assign_and_copy(p, r, now, sm);
+    __syncthreads();  // map writes of every thread are visible to the block; the scan reuses the union
+    write_rows(p, r, len, sm);
+  } else if (sm.num_tokens > 0) {  // a dropped request: every one of its tokens comes out empty
+    for (int64_t t = 0; t < p.num_tokens; ++t)
+      if (req_of(p, t) == r) write_empty_row(p, t);
+  }
+  // Tokens whose request id has no hot buffer in this step, spread over the blocks.
+  for (int64_t t = blockIdx.x; t < p.num_tokens; t += gridDim.x) {
+    const int64_t q = req_of(p, t);
+    if (q >= 0 && q < p.num_reqs) continue;
+    write_empty_row(p, t);
+    if (threadIdx.x == 0) ++sm.errors;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    if (live) *clock = now;
+    const unsigned long long hits = sm.hits + (sm.newest_used ? 1 : 0);
+    if (hits) atomicAdd(reinterpret_cast<unsigned long long*>(&p.ctr->hits), hits);
+    if (sm.num_miss) {
+      atomicAdd(reinterpret_cast<unsigned long long*>(&p.ctr->misses), (unsigned long long)sm.num_miss);
+      atomicAdd(reinterpret_cast<unsigned long long*>(&p.ctr->bytes), (unsigned long long)sm.num_miss * p.row_bytes);
+    }
+    if (sm.errors) atomicAdd(reinterpret_cast<unsigned long long*>(&p.ctr->errors), sm.errors);
+    if (r == 0) atomicAdd(&p.ctr->clock, 1u);  // steps resolved
+  }
+}
+
+// One thread per named position: a hot one loses its slot. Duplicates write the same values.
+__global__ void invalidate_kernel(const int32_t* req, const int32_t* pos, int64_t n, int R, int max_requests,
+                                  int64_t max_positions, uint32_t* stamps, int32_t* slot_pos, int32_t* pos_slot) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const int32_t q = req[i], x = pos[i];
+  if (q < 0 || x < 0 || q >= max_requests || x >= max_positions) return;
+  int32_t* m = pos_slot + int64_t(q) * max_positions + x;
+  const int32_t slot = *m;
+  if (slot < 0) return;
+  slot_pos[int64_t(q) * R + slot] = -1, stamps[int64_t(q) * R + slot] = 0, *m = -1;
+}
+
+// The benchmark's plain gather: 16-byte pieces of rows[i] -> row i, kCopyUnroll loads in flight.
+__global__ void __launch_bounds__(256) gather_kernel(const uint8_t* src, int64_t src_stride, const int32_t* rows,
+                                                     int64_t total, int pieces, uint8_t* dst, int64_t dst_stride) {
+  const int64_t step = int64_t(gridDim.x) * 256 * kCopyUnroll;
+  for (int64_t base = int64_t(blockIdx.x) * 256 * kCopyUnroll + threadIdx.x; base < total; base += step) {
+    uint4 v[kCopyUnroll];
+#pragma unroll
+    for (int u = 0; u < kCopyUnroll; ++u) {
+      const int64_t i = base + int64_t(u) * 256;
+      if (i < total)
+        v[u] = *reinterpret_cast<const uint4*>(src + int64_t(rows[i / pieces]) * src_stride + 16 * (i % pieces));
+    }
+#pragma unroll
+    for (int u = 0; u < kCopyUnroll; ++u) {
+      const int64_t i = base + int64_t(u) * 256;
+      if (i < total) *reinterpret_cast<uint4*>(dst + (i / pieces) * dst_stride + 16 * (i % pieces)) = v[u];
+    }
+  }
+}
+
+std::string s(int64_t v) { return std::to_string(v); }
+
+// The device-visible address of a pinned host pool; refuses pageable memory. The query runs in
+// relaxed capture mode so that it stays legal inside a global or thread-local stream capture.
+const void* device_view_of_pool(const void* pool, const char* what) {
+  cudaPointerAttributes a{};
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  check_cuda(cudaThreadExchangeStreamCaptureMode(&mode), "cudaThreadExchangeStreamCaptureMode");
+  const cudaError_t e = cudaPointerGetAttributes(&a, pool);
+  check_cuda(cudaThreadExchangeStreamCaptureMode(&mode), "cudaThreadExchangeStreamCaptureMode");
+  check_cuda(e, what);
+  if (a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged) return pool;
+  SMLA_CHECK(a.type == cudaMemoryTypeHost && a.devicePointer != nullptr,
+             std::string(what) + " is not pinned: allocate it with cudaHostAlloc or register it with cudaHostRegister "
+                                 "(cudaHostRegisterMapped)");
+  return a.devicePointer;
+}
+
+void check_cuda_limits(const TieredCache& cache) {
+  const TieredCacheConfig& c = cache.config();
+  SMLA_CHECK(c.hot_slots <= kTieredMaxHotSlots,
+             "the CUDA resolver sorts at most " + s(kTieredMaxHotSlots) + " hot slots per request; got R = " + s(c.hot_slots));
+  SMLA_CHECK(c.max_tokens_per_request <= kTieredMaxTokensPerRequest,
+             "the CUDA resolver takes at most " + s(kTieredMaxTokensPerRequest) + " tokens per request per step; got " +
+                 s(c.max_tokens_per_request));
+}
+
+}  // namespace
+
+void reset_tiered_state(const TieredCache& cache, void* state, size_t state_bytes, void* stream) {
+  const TieredStateLayout& L = cache.state_layout();
+  SMLA_CHECK(state != nullptr && state_bytes >= L.total,
+             "tiered state too small: it needs " + s(int64_t(L.total)) + " bytes; got " + s(int64_t(state_bytes)));
+  auto st = static_cast<cudaStream_t>(stream);
+  auto* b = static_cast<uint8_t*>(state);
+  check_cuda(cudaMemsetAsync(b, 0, L.zero_end, st), "reset_tiered_state");
+  check_cuda(cudaMemsetAsync(b + L.zero_end, 0xFF, L.total - L.zero_end, st), "reset_tiered_state");
+}
+
+void release_tiered_request(const TieredCache& cache, void* state, size_t state_bytes, int req, void* stream) {
+  const TieredStateLayout& L = cache.state_layout();
+  const TieredCacheConfig& c = cache.config();
+  SMLA_CHECK(state != nullptr && state_bytes >= L.total,
+             "tiered state too small: it needs " + s(int64_t(L.total)) + " bytes; got " + s(int64_t(state_bytes)));
+  SMLA_CHECK(req >= 0 && req < c.max_requests,
+             "request " + s(req) + " has no hot buffer: ids are [0, " + s(c.max_requests) + ")");
+  auto st = static_cast<cudaStream_t>(stream);
+  auto* b = static_cast<uint8_t*>(state);
+  const size_t R = size_t(c.hot_slots);
+  check_cuda(cudaMemsetAsync(b + L.stamps + size_t(req) * R * 4, 0, R * 4, st), "release_tiered_request");
+  check_cuda(cudaMemsetAsync(b + L.slot_pos + size_t(req) * R * 4, 0xFF, R * 4, st), "release_tiered_request");
+  check_cuda(cudaMemsetAsync(b + L.pos_slot + size_t(req) * size_t(c.max_positions) * 4, 0xFF,
+                             size_t(c.max_positions) * 4, st),
+             "release_tiered_request");
+}
+
+void invalidate_tiered_positions(const TieredCache& cache, void* state, size_t state_bytes, const int32_t* req,
+                                 const int32_t* pos, int64_t n, void* stream) {
+  const TieredStateLayout& L = cache.state_layout();
+  const TieredCacheConfig& c = cache.config();
+  SMLA_CHECK(state != nullptr && state_bytes >= L.total,
+             "tiered state too small: it needs " + s(int64_t(L.total)) + " bytes; got " + s(int64_t(state_bytes)));
+  SMLA_CHECK(n >= 0 && (n == 0 || (req != nullptr && pos != nullptr)), "invalidate: req and pos must be [n] int32");
+  if (n == 0) return;
+  SMLA_CHECK(n <= int64_t(INT32_MAX) * 256, "invalidate: too many entries");
+  auto* b = static_cast<uint8_t*>(state);
+  constexpr int kBlock = 256;
+  invalidate_kernel<<<unsigned((n + kBlock - 1) / kBlock), kBlock, 0, static_cast<cudaStream_t>(stream)>>>(
+      req, pos, n, c.hot_slots, c.max_requests, c.max_positions, reinterpret_cast<uint32_t*>(b + L.stamps),
+      reinterpret_cast<int32_t*>(b + L.slot_pos), reinterpret_cast<int32_t*>(b + L.pos_slot));
+  check_launch("invalidate_kernel");
+}
+
+void resolve_tiered(const TieredCache& cache, const TieredResolveParams& p, void* stream) {
+  cache.check(p);
+  check_cuda_limits(cache);
+  SMLA_CHECK(p.workspace_bytes >= cache.workspace_bytes() && (cache.workspace_bytes() == 0 || p.workspace),
+             "tiered workspace too small: it needs " + s(int64_t(cache.workspace_bytes())) + " bytes; got " +
+                 s(int64_t(p.workspace_bytes)));
+  SMLA_CHECK(p.num_tokens <= INT32_MAX, "resolve_tiered: at most 2^31 - 1 tokens per step");
+  const TieredCacheConfig& c = cache.config();
+  const TieredStateLayout& L = cache.state_layout();
+  auto* base = static_cast<uint8_t*>(p.state);
+  // A step without tokens still needs a pool pointer only when it copies; T = 0 copies nothing.
+  const void* pool = p.num_tokens > 0 ? device_view_of_pool(p.pool, "the host pool") : nullptr;
+
+  ResolveParams k{};
+  k.positions = p.positions, k.pos_stride_t = p.pos_stride_t, k.num_tokens = p.num_tokens, k.topk = p.topk;
+  k.req_of_token = p.req_of_token, k.num_reqs = p.num_reqs, k.seq_lens = p.seq_lens;
+  k.pool_rows = p.pool_rows, k.block_table = p.block_table, k.bt_stride = p.bt_stride;
+  k.max_blocks = p.max_blocks, k.block_size = p.block_size, k.block_stride_rows = p.block_stride_rows;
+  k.R = c.hot_slots, k.max_tokens_per_request = c.max_tokens_per_request, k.max_positions = c.max_positions;
+  k.row_bytes = cache.row_bytes();
+  k.ctr = reinterpret_cast<TieredCounters*>(base + L.counters);
+  k.stamps = reinterpret_cast<uint32_t*>(base + L.stamps);
+  k.slot_pos = reinterpret_cast<int32_t*>(base + L.slot_pos);
+  k.pos_slot = reinterpret_cast<int32_t*>(base + L.pos_slot);
+  k.pool = static_cast<const uint8_t*>(pool), k.pool_stride = p.pool_row_stride_bytes;
+  k.hot = static_cast<uint8_t*>(p.hot), k.hot_stride = cache.hot_row_stride_bytes();
+  k.phys = p.phys, k.phys_stride_t = p.phys_stride_t, k.counts = p.counts;
+
+  auto st = static_cast<cudaStream_t>(stream);
+  constexpr int kSmem = int(sizeof(ResolveSmem));
+  // Set on every call: the attribute belongs to the current device, and the call is cheap.
+  check_cuda(cudaFuncSetAttribute(resolve_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
+             "resolve_kernel shared-memory attribute");
+  resolve_kernel<<<unsigned(p.num_reqs > 0 ? p.num_reqs : 1), kThreads, kSmem, st>>>(k);
+  check_launch("resolve_kernel");
+}
+
+void gather_rows_from_host(const void* src, int64_t src_stride, const int32_t* rows, int64_t n, void* dst,
+                           int64_t dst_stride, int row_bytes, void* stream) {
+  SMLA_CHECK(n >= 0 && row_bytes > 0 && row_bytes % 16 == 0 && src_stride % 16 == 0 && dst_stride % 16 == 0,
+             "gather_rows_from_host: row bytes and strides must be positive multiples of 16");
+  if (n == 0) return;
+  const void* s_dev = device_view_of_pool(src, "gather source");
+  int dev = 0, sms = 0;
+  check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
+  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
+  const int pieces = row_bytes / 16;
+  const int64_t total = n * pieces;
+  const int64_t blocks = std::min<int64_t>((total + 256 * kCopyUnroll - 1) / (256 * kCopyUnroll), int64_t(sms) * 8);
+  gather_kernel<<<unsigned(blocks), 256, 0, static_cast<cudaStream_t>(stream)>>>(
+      static_cast<const uint8_t*>(s_dev), src_stride, rows, total, pieces, static_cast<uint8_t*>(dst), dst_stride);
+  check_launch("gather_kernel");
+}
+
+TieredCounters read_tiered_counters(const TieredCache& cache, const void* state, void* stream) {
+  SMLA_CHECK(state != nullptr, "read_tiered_counters: state is null");
+  TieredCounters c;
+  auto st = static_cast<cudaStream_t>(stream);
+  check_cuda(cudaMemcpyAsync(&c, static_cast<const uint8_t*>(state) + cache.state_layout().counters, sizeof(c),
+                             cudaMemcpyDeviceToHost, st),
+             "read_tiered_counters");
+  check_cuda(cudaStreamSynchronize(st), "read_tiered_counters");
+  return c;
+}
+
+void write_cache_tiered(const TieredCache& cache, const CacheWriteParams& pool_write, const int32_t* hot_rows,
+                        void* hot, size_t hot_bytes, void* stream) {
+  validate(pool_write);
+  const TieredCacheConfig& c = cache.config();
+  SMLA_CHECK(pool_write.format == c.format && pool_write.rope_dim == c.rope_dim,
+             "write_cache_tiered: the pool write is " + std::string(to_string(pool_write.format)) + " rope_dim " +
+                 s(pool_write.rope_dim) + " but the tiered cache is " + std::string(to_string(c.format)) + " rope_dim " +
+                 s(c.rope_dim));
+  SMLA_CHECK(pool_write.row_stride_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(pool_write.cache) % 16 == 0,
+             "write_cache_tiered: the host pool and its row stride must be 16-byte aligned");
+  SMLA_CHECK(hot_rows == nullptr || (hot != nullptr && hot_bytes >= cache.hot_buffer_bytes() &&
+                                     reinterpret_cast<uintptr_t>(hot) % 16 == 0),
+             "write_cache_tiered: hot buffer too small or misaligned: it needs " + s(int64_t(cache.hot_buffer_bytes())) +
+                 " bytes, 16-byte aligned; got " + s(int64_t(hot_bytes)));
+  if (pool_write.num_tokens == 0) return;
+  CacheWriteParams w = pool_write;
+  if (w.num_rows > 0) w.cache = const_cast<void*>(device_view_of_pool(pool_write.cache, "the host pool"));
+  WriterMirror m;
+  if (hot_rows) m.base = hot, m.rows = hot_rows, m.num_rows = cache.hot_rows(), m.row_stride_bytes = cache.hot_row_stride_bytes();
+  write_cache_mirrored(w, m, stream);
+}
+
+}  // namespace smla::cuda

@@ -1,0 +1,576 @@
+// HiSparse tiered cache on the GPU (smla/cuda_tiered.h, DESIGN.md §4b): the CUDA resolver equals
+// the CPU reference (state, hot buffer, physical ids, counts, counters) over a sequence of decode
+// steps for every format; attention over the hot buffer is bit-identical to attention over the
+// same rows resident in a full device cache; a CUDA graph of resolve + attention replays
+// correctly across steps; the tiered cache writer equals the CPU encoder in the pool and the hot
+// slot; bad input is refused before launch, and bad device-side data is counted, never read.
+// Skips without an SM90 device.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include "../common/gpu_test.h"
+
+#include <algorithm>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "smla/cache.h"
+#include "smla/cuda_serving.h"
+#include "smla/cuda_tiered.h"
+#include "smla/engine.h"
+#include "smla/formats.h"
+#include "smla/numeric.h"
+#include "smla/tiered.h"
+
+namespace {
+
+using namespace smla;
+using smla::test::fresh_seed;
+
+#define CUDA_OK(x) ASSERT_EQ((x), cudaSuccess) << #x
+#define CUDA_EXPECT(x) EXPECT_EQ((x), cudaSuccess) << #x
+
+template <class T>
+T* dev_alloc(size_t n) {
+  void* p = nullptr;
+  EXPECT_EQ(cudaMalloc(&p, std::max<size_t>(1, n * sizeof(T))), cudaSuccess);
+  return static_cast<T*>(p);
+}
+template <class T>
+void to_dev(T* d, const std::vector<T>& h) {
+  if (!h.empty()) EXPECT_EQ(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+}
+template <class T>
+std::vector<T> to_host(const T* d, size_t n) {
+  std::vector<T> h(n);
+  if (n) EXPECT_EQ(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+  return h;
+}
+
+constexpr int kBlock = 64;  // host-pool tokens per block
+
+// One tiered cache in both worlds: a pinned host pool (shared by the CPU reference and the GPU),
+// the GPU's hot buffer / state / workspace, and the CPU reference's own hot buffer and state.
+struct Tiered {
+  TieredCache cache;
+  int reqs, max_blocks;
+  int64_t pool_rows;
+  uint8_t* pool = nullptr;  // pinned
+  std::vector<int32_t> table;
+  int32_t* d_table = nullptr;
+  uint8_t *d_hot = nullptr, *d_state = nullptr, *d_ws = nullptr;
+  std::vector<uint8_t> hot, state;  // the CPU reference's
+  std::mt19937_64 rng;
+
+  Tiered(const TieredCacheConfig& cfg, uint64_t seed) : cache(cfg), reqs(cfg.max_requests), rng(seed) {
+    max_blocks = int((cfg.max_positions + kBlock - 1) / kBlock);
+    table.resize(size_t(reqs) * max_blocks);
+    std::vector<int32_t> perm(table.size());
+    for (size_t i = 0; i < perm.size(); ++i) perm[i] = int32_t(i);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    table = perm;
+    pool_rows = int64_t(table.size()) * kBlock;
+    const size_t pool_bytes = size_t(pool_rows) * cache.row_bytes();
+    EXPECT_EQ(cudaHostAlloc(reinterpret_cast<void**>(&pool), pool_bytes, cudaHostAllocMapped), cudaSuccess);
+    for (int64_t r = 0; r < pool_rows; ++r) encode_random(pool + r * cache.row_bytes());
+    d_table = dev_alloc<int32_t>(table.size());
+    to_dev(d_table, table);
+    d_hot = dev_alloc<uint8_t>(cache.hot_buffer_bytes());
+    d_state = dev_alloc<uint8_t>(cache.state_bytes());
+    d_ws = dev_alloc<uint8_t>(cache.workspace_bytes());
+    EXPECT_EQ(cudaMemset(d_hot, 0, cache.hot_buffer_bytes()), cudaSuccess);
+    cuda::reset_tiered_state(cache, d_state, cache.state_bytes(), nullptr);
+    hot.assign(cache.hot_buffer_bytes(), 0);
+    state.resize(cache.state_bytes());
+    reset_tiered_state(cache, state.data(), state.size());
+  }
+  ~Tiered() {
+    cudaFreeHost(pool);
+    for (void* p : {static_cast<void*>(d_table), static_cast<void*>(d_hot), static_cast<void*>(d_state),
+                    static_cast<void*>(d_ws)})
+      cudaFree(p);
+  }
+  void encode_random(uint8_t* row) {
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    float lat[kLatentDim], rope[kRopeDim];
+    for (float& x : lat) x = nd(rng);
+    for (float& x : rope) x = nd(rng);
+    encode_row(cache.config().format, cache.config().rope_dim, lat, rope, 0.05f, row);
+  }
+  int64_t pool_row(int r, int32_t pos) const {
+    return int64_t(table[size_t(r) * max_blocks + pos / kBlock]) * kBlock + pos % kBlock;
+  }
+  TieredResolveParams params(bool device) {
+    TieredResolveParams p;
+    p.num_reqs = reqs;
+    p.pool = pool, p.pool_rows = pool_rows, p.pool_row_stride_bytes = cache.row_bytes();
+    p.block_table = device ? d_table : table.data(), p.bt_stride = max_blocks, p.max_blocks = max_blocks;
+    p.block_size = kBlock, p.block_stride_rows = kBlock;
+    p.hot = device ? static_cast<void*>(d_hot) : hot.data(), p.hot_bytes = cache.hot_buffer_bytes();
+    p.state = device ? static_cast<void*>(d_state) : state.data(), p.state_bytes = cache.state_bytes();
+    p.workspace = device ? d_ws : nullptr, p.workspace_bytes = device ? cache.workspace_bytes() : 0;
+    return p;
+  }
+};
+
+// A decode step: T tokens over the requests, positions with a chosen reuse fraction of the
+// previous step's rows, invalid entries, empty rows and positions past the length.
+struct Step {
+  std::vector<int32_t> pos, req_of, lens;
+  int64_t T() const { return int64_t(req_of.size()); }
+};
+
+struct StepMaker {
+  int K, reqs, tpr;
+  std::vector<int32_t> lens;
+  std::vector<std::vector<int32_t>> prev;
+  StepMaker(int K_, int reqs_, int tpr_, std::mt19937_64& rng, int32_t max_len)
+      : K(K_), reqs(reqs_), tpr(tpr_), lens(static_cast<size_t>(reqs_)), prev(static_cast<size_t>(reqs_)) {
+    for (auto& l : lens) l = int32_t(1 + rng() % uint64_t(max_len / 2));
+  }
+  Step next(std::mt19937_64& rng, double reuse, int32_t max_len) {
+    Step s;
+    for (int r = 0; r < reqs; ++r)
+      if (lens[size_t(r)] < max_len) lens[size_t(r)] += 1;  // the token decoded last step
+    s.lens = lens;
+    for (int r = 0; r < reqs; ++r) {
+      if (rng() % 8 == 0) continue;  // a request idle this step
+      const int ntok = 1 + int(rng() % uint64_t(tpr));
+      std::vector<int32_t> cur;
+      for (int t = 0; t < ntok; ++t) {
+        s.req_of.push_back(r);
+        const bool empty = rng() % 12 == 0;
+        for (int j = 0; j < K; ++j) {
+          const int32_t len = lens[size_t(r)];
+          int32_t p;
+          if (empty) p = -1;
+          else if (rng() % 16 == 0) p = std::vector<int32_t>{-1, -5, len, len + 9, len - 1}[rng() % 5];
+          else if (!prev[size_t(r)].empty() && double(rng() % 1000) < reuse * 1000) p = prev[size_t(r)][rng() % prev[size_t(r)].size()];
+          else p = int32_t(rng() % uint64_t(len));
+          s.pos.push_back(p);
+          if (p >= 0 && p < len) cur.push_back(p);
+        }
+      }
+      prev[size_t(r)] = cur;
+    }
+    return s;
+  }
+};
+
+// The cache writer's part of a decode step: the newest token of every request into the pool and
+// its hot slot R - 1 (GPU: write_cache_tiered; CPU reference: the same bytes from the pool).
+void write_newest(Tiered& w, const std::vector<int32_t>& lens, std::mt19937_64& rng) {
+  const int n = w.reqs;
+  std::vector<uint16_t> lat(size_t(n) * kLatentDim), rope(size_t(n) * kRopeDim);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (auto& x : lat) x = num::f32_to_bf16(nd(rng));
+  for (auto& x : rope) x = num::f32_to_bf16(nd(rng));
+  std::vector<int32_t> slots(static_cast<size_t>(n)), hot_rows(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) {
+    const int32_t pos = lens[size_t(r)] - 1;
+    slots[size_t(r)] = w.table[size_t(r) * w.max_blocks + pos / kBlock] * kBlock + pos % kBlock;
+    hot_rows[size_t(r)] = w.cache.newest_hot_row(r);
+  }
+  uint16_t* d_lat = dev_alloc<uint16_t>(lat.size());
+  uint16_t* d_rope = dev_alloc<uint16_t>(rope.size());
+  int32_t* d_slots = dev_alloc<int32_t>(size_t(n));
+  int32_t* d_hot_rows = dev_alloc<int32_t>(size_t(n));
+  to_dev(d_lat, lat), to_dev(d_rope, rope), to_dev(d_slots, slots), to_dev(d_hot_rows, hot_rows);
+  CacheWriteParams cw;
+  cw.num_tokens = n, cw.latent = d_lat, cw.latent_stride = kLatentDim;
+  cw.rope = w.cache.config().rope_dim ? d_rope : nullptr, cw.rope_stride = kRopeDim;
+  cw.slot_mapping = d_slots, cw.cache = w.pool, cw.num_rows = w.pool_rows, cw.row_stride_bytes = w.cache.row_bytes();
+  cw.block_size = kBlock, cw.block_stride_rows = kBlock, cw.format = w.cache.config().format;
+  cw.rope_dim = w.cache.config().rope_dim, cw.k_scale = 0.05f;
+  cuda::write_cache_tiered(w.cache, cw, d_hot_rows, w.d_hot, w.cache.hot_buffer_bytes(), nullptr);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  // The pool rows are the CPU encoder's bits.
+  CacheWriteParams ref = cw;
+  std::vector<uint8_t> expect(size_t(w.pool_rows) * w.cache.row_bytes());
+  std::memcpy(expect.data(), w.pool, expect.size());
+  ref.latent = lat.data(), ref.rope = w.cache.config().rope_dim ? rope.data() : nullptr, ref.slot_mapping = slots.data();
+  ref.cache = expect.data();
+  write_cache_reference(ref);
+  EXPECT_EQ(0, std::memcmp(expect.data(), w.pool, expect.size())) << "pool rows differ from write_cache_reference";
+  const auto dh = to_host(w.d_hot, w.cache.hot_buffer_bytes());
+  for (int r = 0; r < n; ++r) {
+    const int64_t hr = w.cache.newest_hot_row(r);
+    const uint8_t* src = w.pool + w.pool_row(r, lens[size_t(r)] - 1) * w.cache.row_bytes();
+    EXPECT_EQ(0, std::memcmp(dh.data() + hr * w.cache.hot_row_stride_bytes(), src, size_t(w.cache.row_bytes())))
+        << "request " << r << ": the hot slot R - 1 is not the newest token's row";
+    std::memcpy(w.hot.data() + hr * w.cache.hot_row_stride_bytes(), src, size_t(w.cache.row_bytes()));
+  }
+  for (void* p : {static_cast<void*>(d_lat), static_cast<void*>(d_rope), static_cast<void*>(d_slots),
+                  static_cast<void*>(d_hot_rows)})
+    cudaFree(p);
+}
+
+// Attention over rows `phys` of kv, q fixed per test.
+struct Attention {
+  int H = 32, K;
+  KvFormat format;
+  int rope_dim;
+  Plan plan;
+  int64_t max_T;
+  uint16_t* d_q = nullptr;
+  uint16_t* d_out = nullptr;
+  float* d_lse = nullptr;
+  void* d_ws = nullptr;
+
+  // A 16-bit q of the cache's type for 16-bit caches (an fp16 cache takes only an fp16 q), bf16
+  // for the quantized ones; out has q's type.
+  static DType q_type(KvFormat f) { return f == KvFormat::kFP16 ? DType::kFP16 : DType::kBF16; }
+  static PlanConfig config(KvFormat f, int rope_dim, int K, int64_t max_T) {
+    PlanConfig c;
+    c.backend = Backend::kCuda, c.max_rows = max_T;
+    c.geometry.num_heads = 32, c.geometry.rope_dim = rope_dim, c.geometry.format = f;
+    c.geometry.q_dtype = q_type(f), c.geometry.topk = K, c.geometry.lse_mode = LseMode::kBaseE;
+    return c;
+  }
+  Attention(KvFormat f, int rope_dim_, int K_, int64_t max_T_, std::mt19937_64& rng)
+      : K(K_), format(f), rope_dim(rope_dim_), plan(config(f, rope_dim_, K_, max_T_)), max_T(max_T_) {
+    const int D = kLatentDim + rope_dim;
+    std::vector<uint16_t> q(size_t(max_T) * H * D);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    for (auto& x : q) x = f == KvFormat::kFP16 ? num::f32_to_fp16(nd(rng)) : num::f32_to_bf16(nd(rng));
+    d_q = dev_alloc<uint16_t>(q.size());
+    to_dev(d_q, q);
+    d_out = dev_alloc<uint16_t>(size_t(max_T) * H * kLatentDim);
+    d_lse = dev_alloc<float>(size_t(max_T) * H);
+    if (plan.workspace_bytes()) d_ws = dev_alloc<uint8_t>(plan.workspace_bytes());
+  }
+  ~Attention() {
+    for (void* p : {static_cast<void*>(d_q), static_cast<void*>(d_out), static_cast<void*>(d_lse), d_ws}) cudaFree(p);
+  }
+  SparseMlaParams params(int64_t T, const void* kv, int64_t num_rows, int64_t stride, const int32_t* idx,
+                         const int32_t* counts) const {
+    SparseMlaParams p;
+    p.num_tokens = T, p.num_heads = H, p.rope_dim = rope_dim, p.topk = K;
+    p.q = d_q, p.q_dtype = q_type(format);
+    p.kv = kv, p.num_rows = num_rows, p.kv_row_stride_bytes = stride, p.format = format;
+    p.idx = idx, p.counts = counts, p.softmax_scale = 0.1352338f, p.k_scale = 0.05f;
+    p.out = d_out, p.out_dtype = q_type(format), p.lse = d_lse, p.lse_mode = LseMode::kBaseE;
+    set_dense_strides(p);
+    p.kv_row_stride_bytes = stride;
+    return p;
+  }
+  void run(const SparseMlaParams& p, cudaStream_t s) const { plan.run(p, d_ws, plan.workspace_bytes(), s); }
+  std::vector<uint8_t> out_bytes(int64_t T) const {
+    const auto v = to_host(reinterpret_cast<const uint8_t*>(d_out), size_t(T) * H * kLatentDim * 2);
+    return v;
+  }
+  std::vector<float> lse(int64_t T) const { return to_host(d_lse, size_t(T) * H); }
+  void poison(int64_t T) const {
+    EXPECT_EQ(cudaMemset(d_out, 0xff, size_t(T) * H * kLatentDim * 2), cudaSuccess);
+    EXPECT_EQ(cudaMemset(d_lse, 0xff, size_t(T) * H * 4), cudaSuccess);
+  }
+};
+
+// The comparison of one resolved step: GPU against the CPU reference.
+void expect_same_resolution(Tiered& w, const Step& s, const int32_t* d_phys, const int32_t* d_counts,
+                            const std::vector<int32_t>& phys, const std::vector<int32_t>& counts, int step,
+                            const char* fmt) {
+  EXPECT_EQ(to_host(d_phys, phys.size()), phys) << fmt << " step " << step << ": physical rows differ";
+  EXPECT_EQ(to_host(d_counts, counts.size()), counts) << fmt << " step " << step << ": counts differ";
+  const auto st = to_host(w.d_state, w.cache.state_bytes());
+  const auto& L = w.cache.state_layout();
+  EXPECT_EQ(0, std::memcmp(st.data() + L.stamps, w.state.data() + L.stamps, L.total - L.stamps))
+      << fmt << " step " << step << ": map / slot positions / stamps differ";
+  TieredCounters g, c;
+  std::memcpy(&g, st.data() + L.counters, sizeof(g));
+  std::memcpy(&c, w.state.data() + L.counters, sizeof(c));
+  EXPECT_EQ(g.hits, c.hits) << fmt << " step " << step;
+  EXPECT_EQ(g.misses, c.misses) << fmt << " step " << step;
+  EXPECT_EQ(g.bytes, c.bytes) << fmt << " step " << step;
+  EXPECT_EQ(g.errors, 0u) << fmt << " step " << step;
+  EXPECT_EQ(g.clock, c.clock) << fmt << " step " << step;
+  EXPECT_EQ(to_host(w.d_hot, w.cache.hot_buffer_bytes()) == w.hot, true) << fmt << " step " << step << ": hot buffers differ";
+  (void)s;
+}
+
+std::vector<int32_t> resolve_cpu(Tiered& w, const Step& s, int K, std::vector<int32_t>& counts) {
+  std::vector<int32_t> phys(s.pos.size(), 777);
+  counts.assign(size_t(s.T()), 777);
+  TieredResolveParams p = w.params(false);
+  p.num_tokens = s.T(), p.positions = s.pos.data(), p.pos_stride_t = K, p.topk = K;
+  p.req_of_token = s.req_of.data(), p.seq_lens = s.lens.data();
+  p.phys = phys.data(), p.phys_stride_t = K, p.counts = counts.data();
+  resolve_tiered_reference(w.cache, p);
+  return phys;
+}
+
+// Runs `steps` decode steps for one format and checks resolution and attention each step.
+void run_sequence(KvFormat f, int rope_dim, int steps, uint64_t seed) {
+  const int K = 100, reqs = 6, tpr = 2;  // K not a multiple of 64; R = round_up(201, 128) = 256
+  TieredCacheConfig cfg;
+  cfg.format = f, cfg.rope_dim = rope_dim, cfg.topk = K, cfg.max_requests = reqs, cfg.max_tokens_per_request = tpr;
+  cfg.max_positions = 700;
+  Tiered w(cfg, seed);
+  std::mt19937_64 rng(seed ^ 0x9e3779b97f4a7c15ull);
+  StepMaker mk(K, reqs, tpr, rng, int32_t(cfg.max_positions));
+  Attention att(f, rope_dim, K, int64_t(reqs) * tpr, rng);
+  const int64_t maxT = int64_t(reqs) * tpr;
+  int32_t* d_pos = dev_alloc<int32_t>(size_t(maxT) * K);
+  int32_t* d_req = dev_alloc<int32_t>(size_t(maxT));
+  int32_t* d_lens = dev_alloc<int32_t>(size_t(reqs));
+  int32_t* d_phys = dev_alloc<int32_t>(size_t(maxT) * K);
+  int32_t* d_counts = dev_alloc<int32_t>(size_t(maxT));
+  int32_t* d_rphys = dev_alloc<int32_t>(size_t(maxT) * K);
+  int32_t* d_rcounts = dev_alloc<int32_t>(size_t(maxT));
+  uint8_t* d_resident = dev_alloc<uint8_t>(size_t(w.pool_rows) * w.cache.row_bytes());
+  const char* fmt = to_string(f).data();
+  for (int step = 0; step < steps; ++step) {
+    const double reuse = std::vector<double>{0.0, 0.5, 0.9, 1.0}[size_t(step % 4)];
+    const Step s = mk.next(rng, reuse, int32_t(cfg.max_positions));
+    if (step == 6) {  // request 2's hot buffer starts over (a finished request's slot reused)
+      release_tiered_request(w.cache, w.state.data(), w.state.size(), 2);
+      cuda::release_tiered_request(w.cache, w.d_state, w.cache.state_bytes(), 2, nullptr);
+    }
+    if (step == 9) {  // every position of requests 0 and 3 below 300 forgotten, with padding between
+      std::vector<int32_t> rq, ps;
+      for (int32_t x = 0; x < 300; ++x) rq.push_back(x % 2 ? 0 : 3), ps.push_back(x % 7 ? x : -1);
+      invalidate_tiered_positions(w.cache, w.state.data(), w.state.size(), rq.data(), ps.data(), int64_t(rq.size()));
+      int32_t* d_rq = dev_alloc<int32_t>(rq.size());
+      int32_t* d_ps = dev_alloc<int32_t>(ps.size());
+      to_dev(d_rq, rq), to_dev(d_ps, ps);
+      cuda::invalidate_tiered_positions(w.cache, w.d_state, w.cache.state_bytes(), d_rq, d_ps, int64_t(rq.size()),
+                                        nullptr);
+      CUDA_EXPECT(cudaDeviceSynchronize());
+      cudaFree(d_rq), cudaFree(d_ps);
+    }
+    write_newest(w, s.lens, rng);
+    std::vector<int32_t> counts;
+    const std::vector<int32_t> phys = resolve_cpu(w, s, K, counts);
+    to_dev(d_pos, s.pos), to_dev(d_req, s.req_of), to_dev(d_lens, s.lens);
+    CUDA_EXPECT(cudaMemset(d_phys, 0x7f, size_t(maxT) * K * 4));
+    TieredResolveParams p = w.params(true);
+    p.num_tokens = s.T(), p.positions = d_pos, p.pos_stride_t = K, p.topk = K;
+    p.req_of_token = d_req, p.seq_lens = d_lens, p.phys = d_phys, p.phys_stride_t = K, p.counts = d_counts;
+    cuda::resolve_tiered(w.cache, p, nullptr);
+    CUDA_EXPECT(cudaDeviceSynchronize());
+    expect_same_resolution(w, s, d_phys, d_counts, phys, counts, step, fmt);
+
+    // Attention over the hot buffer against the same rows resident in a full device cache.
+    if (s.T() == 0) continue;
+    CUDA_EXPECT(cudaMemcpy(d_resident, w.pool, size_t(w.pool_rows) * w.cache.row_bytes(), cudaMemcpyHostToDevice));
+    IndexConvertParams ic;
+    ic.positions = d_pos, ic.pos_stride_t = K, ic.num_tokens = s.T(), ic.topk = K, ic.req_of_token = d_req;
+    ic.block_table = w.d_table, ic.bt_stride = w.max_blocks, ic.num_reqs = reqs, ic.max_blocks = w.max_blocks;
+    ic.block_size = kBlock, ic.block_stride_rows = kBlock, ic.phys = d_rphys, ic.phys_stride_t = K, ic.counts = d_rcounts;
+    // Positions at or past a request's length are invalid for the tiered cache; the resident
+    // conversion has no lengths, so drop them from its input the same way.
+    std::vector<int32_t> clipped = s.pos;
+    for (size_t t = 0; t < s.req_of.size(); ++t)
+      for (int j = 0; j < K; ++j) {
+        int32_t& q = clipped[t * K + size_t(j)];
+        if (q >= s.lens[size_t(s.req_of[t])]) q = -1;
+      }
+    int32_t* d_clipped = dev_alloc<int32_t>(clipped.size());
+    to_dev(d_clipped, clipped);
+    ic.positions = d_clipped;
+    cuda::convert_indices(ic, nullptr);
+    att.poison(s.T());
+    att.run(att.params(s.T(), d_resident, w.pool_rows, w.cache.row_bytes(), d_rphys, d_rcounts), nullptr);
+    CUDA_EXPECT(cudaDeviceSynchronize());
+    const auto out_res = att.out_bytes(s.T());
+    const auto lse_res = att.lse(s.T());
+    att.poison(s.T());
+    att.run(att.params(s.T(), w.d_hot, w.cache.hot_rows(), w.cache.hot_row_stride_bytes(), d_phys, d_counts), nullptr);
+    CUDA_EXPECT(cudaDeviceSynchronize());
+    EXPECT_EQ(to_host(d_rcounts, size_t(s.T())), counts) << fmt << " step " << step;
+    EXPECT_TRUE(att.out_bytes(s.T()) == out_res) << fmt << " step " << step << ": out over the hot buffer is not bit-identical";
+    const auto lse_hot = att.lse(s.T());
+    EXPECT_EQ(0, std::memcmp(lse_hot.data(), lse_res.data(), lse_res.size() * 4)) << fmt << " step " << step << ": LSE differs";
+    cudaFree(d_clipped);
+  }
+  for (void* q : {static_cast<void*>(d_pos), static_cast<void*>(d_req), static_cast<void*>(d_lens),
+                  static_cast<void*>(d_phys), static_cast<void*>(d_counts), static_cast<void*>(d_rphys),
+                  static_cast<void*>(d_rcounts), static_cast<void*>(d_resident)})
+    cudaFree(q);
+}
+
+}  // namespace
+
+TEST(TieredGpu, ResolverAndAttentionMatchEveryFormat) {
+  REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  for (KvFormat f : {KvFormat::kBF16, KvFormat::kFP16, KvFormat::kFP8E4M3, KvFormat::kFP8DsMla, KvFormat::kNvFP4DsMla}) {
+    SCOPED_TRACE(std::string(to_string(f)));
+    run_sequence(f, kRopeDim, 12, seed + uint64_t(f));
+  }
+  run_sequence(KvFormat::kBF16, 0, 6, seed + 100);  // no-rope MLA (D = 512)
+}
+
+// Resolve + attention captured once; the graph replays over new positions and lengths each step.
+TEST(TieredGpu, GraphReplayAcrossSteps) {
+  REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  const int K = 2048, reqs = 4;  // default R = 4224
+  TieredCacheConfig cfg;
+  cfg.format = KvFormat::kFP8DsMla, cfg.topk = K, cfg.max_requests = reqs, cfg.max_positions = 20000;
+  Tiered w(cfg, seed);
+  std::mt19937_64 rng(seed + 1);
+  StepMaker mk(K, reqs, 1, rng, int32_t(cfg.max_positions));
+  Attention att(cfg.format, kRopeDim, K, reqs, rng);
+  int32_t* d_pos = dev_alloc<int32_t>(size_t(reqs) * K);
+  int32_t* d_lens = dev_alloc<int32_t>(size_t(reqs));
+  int32_t* d_phys = dev_alloc<int32_t>(size_t(reqs) * K);
+  int32_t* d_counts = dev_alloc<int32_t>(size_t(reqs));
+  cudaStream_t st;
+  CUDA_OK(cudaStreamCreate(&st));
+  // Every request has exactly one token (req_of_token null: token t -> request t).
+  auto make_step = [&](double reuse) {
+    Step s;
+    do s = mk.next(rng, reuse, int32_t(cfg.max_positions));
+    while (s.T() != reqs);
+    return s;
+  };
+  TieredResolveParams p = w.params(true);
+  p.num_tokens = reqs, p.positions = d_pos, p.pos_stride_t = K, p.topk = K;
+  p.seq_lens = d_lens, p.phys = d_phys, p.phys_stride_t = K, p.counts = d_counts;
+  const SparseMlaParams ap = att.params(reqs, w.d_hot, w.cache.hot_rows(), w.cache.hot_row_stride_bytes(), d_phys, d_counts);
+  // Every kernel runs once before the capture (lazy module loading stays out of it): an empty
+  // step on both sides (the clocks move together) and attention over empty rows.
+  CUDA_OK(cudaMemset(d_phys, 0xff, size_t(reqs) * K * 4));
+  CUDA_OK(cudaMemset(d_counts, 0, size_t(reqs) * 4));
+  CUDA_OK(cudaMemset(d_lens, 0, size_t(reqs) * 4));
+  att.run(ap, st);
+  {
+    TieredResolveParams p0 = p;
+    p0.num_tokens = 0;
+    cuda::resolve_tiered(w.cache, p0, st);
+    std::vector<int32_t> none_counts;
+    resolve_cpu(w, Step{}, K, none_counts);
+    CUDA_OK(cudaStreamSynchronize(st));
+  }
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CUDA_OK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+  cuda::resolve_tiered(w.cache, p, st);
+  att.run(ap, st);
+  CUDA_OK(cudaStreamEndCapture(st, &graph));
+  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int step = 0; step < 8; ++step) {
+    Step s = make_step(std::vector<double>{0.0, 0.5, 0.9, 1.0}[size_t(step % 4)]);
+    s.req_of.clear();
+    for (int r = 0; r < reqs; ++r) s.req_of.push_back(r);
+    write_newest(w, s.lens, rng);
+    std::vector<int32_t> counts;
+    const auto phys = resolve_cpu(w, s, K, counts);
+    to_dev(d_pos, s.pos), to_dev(d_lens, s.lens);
+    att.poison(reqs);
+    CUDA_OK(cudaGraphLaunch(exec, st));
+    CUDA_OK(cudaStreamSynchronize(st));
+    expect_same_resolution(w, s, d_phys, d_counts, phys, counts, step, "graph");
+    const auto out_graph = att.out_bytes(reqs);
+    const auto lse_graph = att.lse(reqs);
+    // The same attention, eager, over the (now resolved) hot buffer.
+    att.poison(reqs);
+    att.run(ap, st);
+    CUDA_OK(cudaStreamSynchronize(st));
+    EXPECT_TRUE(att.out_bytes(reqs) == out_graph) << "step " << step;
+    EXPECT_EQ(0, std::memcmp(att.lse(reqs).data(), lse_graph.data(), lse_graph.size() * 4)) << "step " << step;
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(st);
+  for (void* q : {static_cast<void*>(d_pos), static_cast<void*>(d_lens), static_cast<void*>(d_phys),
+                  static_cast<void*>(d_counts)})
+    cudaFree(q);
+}
+
+TEST(TieredGpu, BadInput) {
+  REQUIRE_GPU();
+  TieredCacheConfig cfg;
+  cfg.format = KvFormat::kBF16, cfg.topk = 8, cfg.max_requests = 2, cfg.max_positions = 256;
+  Tiered w(cfg, fresh_seed());
+  const int K = 8;
+  std::vector<int32_t> pos(2 * K), lens{100, 120}, req{0, 1};
+  for (int i = 0; i < 2 * K; ++i) pos[size_t(i)] = i * 5;
+  int32_t* d_pos = dev_alloc<int32_t>(pos.size());
+  int32_t* d_lens = dev_alloc<int32_t>(2);
+  int32_t* d_req = dev_alloc<int32_t>(2);
+  int32_t* d_phys = dev_alloc<int32_t>(pos.size());
+  int32_t* d_counts = dev_alloc<int32_t>(2);
+  to_dev(d_pos, pos), to_dev(d_lens, lens), to_dev(d_req, req);
+  auto base = [&] {
+    TieredResolveParams p = w.params(true);
+    p.num_tokens = 2, p.positions = d_pos, p.pos_stride_t = K, p.topk = K, p.req_of_token = d_req;
+    p.seq_lens = d_lens, p.phys = d_phys, p.phys_stride_t = K, p.counts = d_counts;
+    return p;
+  };
+  auto expect_error = [&](TieredResolveParams p, const char* needle) {
+    try {
+      cuda::resolve_tiered(w.cache, p, nullptr);
+      ADD_FAILURE() << "expected an error containing '" << needle << "'";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  std::vector<uint8_t> pageable(size_t(w.pool_rows) * w.cache.row_bytes());
+  {
+    auto p = base();
+    p.pool = pageable.data();
+    expect_error(p, "not pinned");
+  }
+  {
+    auto p = base();
+    p.hot_bytes -= 16;
+    expect_error(p, "hot buffer too small");
+  }
+  {
+    auto p = base();
+    p.num_reqs = 3;
+    expect_error(p, "larger max_requests");
+  }
+  {
+    TieredCacheConfig big = cfg;
+    big.topk = 4096, big.max_tokens_per_request = 2;  // R = 8320 > 8192
+    big.hot_slots = 8320;
+    const TieredCache tc(big);
+    auto p = base();
+    p.hot_bytes = tc.hot_buffer_bytes(), p.state_bytes = tc.state_bytes(), p.workspace_bytes = tc.workspace_bytes();
+    try {
+      cuda::resolve_tiered(tc, p, nullptr);
+      ADD_FAILURE() << "R = 8320 must be refused by the CUDA resolver";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("8192"), std::string::npos) << e.what();
+    }
+  }
+  CUDA_OK(cudaDeviceSynchronize());
+  TieredCounters c = cuda::read_tiered_counters(w.cache, w.d_state, nullptr);
+  EXPECT_EQ(c.clock, 0u) << "a refused call launched something";
+  // Device-side bad data: a request id without a hot buffer, a length past max_positions, and a
+  // position whose block-table entry is negative: counted, rows empty, nothing read or written out
+  // of bounds (compute-sanitizer memcheck covers this test).
+  std::vector<int32_t> bad_req{0, 7}, bad_lens{300, 120};
+  to_dev(d_req, bad_req), to_dev(d_lens, bad_lens);
+  CUDA_OK(cudaMemset(d_phys, 0x11, pos.size() * 4));
+  cuda::resolve_tiered(w.cache, base(), nullptr);
+  CUDA_OK(cudaDeviceSynchronize());
+  c = cuda::read_tiered_counters(w.cache, w.d_state, nullptr);
+  EXPECT_EQ(c.errors, 2u);  // token 0 (length 300 > 256) and token 1 (request 7)
+  EXPECT_EQ(c.misses, 0u);
+  EXPECT_EQ(c.clock, 1u);
+  EXPECT_EQ(to_host(d_counts, 2), (std::vector<int32_t>{0, 0}));
+  EXPECT_EQ(to_host(d_phys, pos.size()), std::vector<int32_t>(pos.size(), -1));
+  std::vector<int32_t> holes = w.table;
+  holes[0] = -1;  // request 0's positions 0..63 have no pool row
+  to_dev(w.d_table, holes);
+  to_dev(d_req, req), to_dev(d_lens, lens);
+  cuda::resolve_tiered(w.cache, base(), nullptr);
+  CUDA_OK(cudaDeviceSynchronize());
+  c = cuda::read_tiered_counters(w.cache, w.d_state, nullptr);
+  // Token 0 (request 0) asks for positions 0, 5, ..., 35: all in the missing block, 8 errors, an
+  // empty row. Token 1 (request 1) is untouched: 40, ..., 75, all valid.
+  EXPECT_EQ(c.errors, 2u + 8u);
+  EXPECT_EQ(to_host(d_counts, 2), (std::vector<int32_t>{0, 8}));
+  EXPECT_EQ(c.misses, 8u);
+  for (void* q : {static_cast<void*>(d_pos), static_cast<void*>(d_lens), static_cast<void*>(d_req),
+                  static_cast<void*>(d_phys), static_cast<void*>(d_counts)})
+    cudaFree(q);
+}
