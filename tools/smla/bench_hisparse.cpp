@@ -121,6 +121,7 @@ struct Case {
 }  // namespace
 
 int bench_hisparse(const Args& a) {
+  SMLA_CHECK(cuda::device_count() > 0, "no CUDA device found; smla bench --hisparse needs a GPU");
   const auto Bs = a.get_ints("B", {1, 32, 128}, 1, 4096);
   const auto reuses = a.get_ints("reuse", {0, 50, 90, 100}, 0, 100);
   const int K = int(a.get_int("topk", 2048, 1, 1 << 20));
