@@ -20,8 +20,8 @@ DeviceInfo device_info(int ordinal = 0);
 int sparse_mla_auto_splits(const SparseMlaParams& p, int num_sms);
 
 // Which SM90 kernel variant sparse_mla runs for p ("h64.ws": warp-specialized, 64-head groups;
-// "h16.mma" / "h32.mma" / "h64.mma": the mma.sync kernel's head tile), after the SMLA_SM90_*
-// switches of the launcher (README). For labels and logs.
+// "h64.ws.q8": the same with S on the fp8 tensor cores for an e4m3 q, SMLA_SM90_Q8=1). For labels
+// and logs.
 std::string sparse_mla_variant(const SparseMlaParams& p);
 
 // Workspace bytes a launch of p needs with `num_splits` pieces per row (0: the automatic choice).

@@ -1,8 +1,8 @@
 // Quantized KV caches (fp8_e4m3, fp8_ds_mla, nvfp4_ds_mla) on the SM90 sparse MLA kernel.
 //
-// Host part (runs without a GPU): the dequantization functions the kernel uses (dequant.h), and
-// the kernel's in-place pass order, emulated on one 1152-byte slot, reproduce smla::decode_row
-// bit for bit (rounded to bf16) for every byte value and for encoded and arbitrary rows.
+// Host part (runs without a GPU): the dequantization functions the kernel uses (dequant.h)
+// reproduce smla::decode_row bit for bit (rounded to bf16) for every byte value and for encoded
+// and arbitrary rows.
 // GPU part: the float64 reference on the dequantized rows (DESIGN.md §8: rel L2 <= 1e-2, LSE abs
 // <= 1e-3), with fresh random inputs (seed printed on failure), NaN rows that no entry selects and
 // poisoned outputs; and a report (printed, not asserted) of what quantization itself costs
@@ -86,12 +86,6 @@ TEST(QuantDequant, E2m1LookupEqualsArithmetic) {
   }
 }
 
-k::RowFormat row_format(KvFormat f) {
-  return f == KvFormat::kFP8E4M3 ? k::RowFormat::kFp8E4M3
-         : f == KvFormat::kFP8DsMla ? k::RowFormat::kFp8DsMla
-                                    : k::RowFormat::kNvFp4DsMla;
-}
-
 k::dq::Chunk dequant_chunk(KvFormat f, const uint8_t* raw, int ch) {
   switch (f) {
     case KvFormat::kFP8E4M3: return k::dq::dequant_chunk<k::RowFormat::kFp8E4M3>(raw, ch);
@@ -100,30 +94,18 @@ k::dq::Chunk dequant_chunk(KvFormat f, const uint8_t* raw, int ch) {
   }
 }
 
-// The kernel's gather + in-place dequantization of one row into slot `r` (swizzle by r % 8), as
-// in kernel.cuh: raw row at the slot end, passes of 32 chunks, each pass reading everything it
-// needs before writing. Returns the logical bf16 row [D].
-std::vector<uint16_t> emulate_slot(KvFormat f, int rope, const uint8_t* row, int r) {
-  alignas(16) uint8_t slot[k::kRowBytesMax];
-  std::memset(slot, 0xab, sizeof(slot));
-  const int raw_chunks = k::raw_row_chunks(row_format(f), rope);
-  const int raw_offset = k::kRowBytesMax - 16 * raw_chunks;
-  std::memcpy(slot + raw_offset, row, size_t(16 * raw_chunks));
+// The row decoded chunk by chunk with dequant.h (the logical bf16 row [D]).
+std::vector<uint16_t> dequant_row(KvFormat f, int rope, const uint8_t* row) {
   const int row_chunks = (smla::kLatentDim + rope) * 2 / 16;
-  for (int j = 0; j < 3; ++j) {
-    if (j == 2 && row_chunks <= 64) break;
-    k::dq::Chunk c[32];
-    for (int lane = 0; lane < 32; ++lane)
-      if (32 * j + lane < row_chunks) c[lane] = dequant_chunk(f, slot + raw_offset, 32 * j + lane);
-    for (int lane = 0; lane < 32; ++lane)
-      if (32 * j + lane < row_chunks) std::memcpy(slot + 512 * j + (lane ^ (r & 7)) * 16, c[lane].w, 16);
-  }
   std::vector<uint16_t> out(size_t(row_chunks) * 8);
-  for (int ch = 0; ch < row_chunks; ++ch) std::memcpy(out.data() + ch * 8, slot + (ch ^ (r & 7)) * 16, 16);
+  for (int ch = 0; ch < row_chunks; ++ch) {
+    const k::dq::Chunk c = dequant_chunk(f, row, ch);
+    std::memcpy(out.data() + ch * 8, c.w, 16);
+  }
   return out;
 }
 
-TEST(QuantDequant, InPlaceRowsMatchDecodeRow) {
+TEST(QuantDequant, RowsMatchDecodeRow) {
   std::mt19937_64 rng(fresh_seed());
   std::normal_distribution<float> normal(0.0f, 1.0f);
   for (KvFormat f : {KvFormat::kFP8E4M3, KvFormat::kFP8DsMla, KvFormat::kNvFP4DsMla})
@@ -153,7 +135,7 @@ TEST(QuantDequant, InPlaceRowsMatchDecodeRow) {
         }
         std::vector<float> want(static_cast<size_t>(D));
         smla::decode_row(f, rope, row.data(), 1.0f, want.data());
-        const auto got = emulate_slot(f, rope, row.data(), trial);
+        const auto got = dequant_row(f, rope, row.data());
         int bad = 0;
         for (int i = 0; i < D; ++i) bad += !same_bf16(got[size_t(i)], smla::num::f32_to_bf16(want[size_t(i)]));
         EXPECT_EQ(bad, 0) << smla::to_string(f) << " rope " << rope << " trial " << trial;

@@ -32,15 +32,26 @@
 // and both halves are done with it (empty).
 #pragma once
 
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <cmath>
 #include <string>
 #include <type_traits>
 
+#include "cuda/common/phase.h"
+#include "cuda/common/ptx.cuh"
+#include "cuda/sm90/sparse_mla/config.h"
+#include "cuda/sm90/sparse_mla/dequant.h"
+#include "cuda/sm90/sparse_mla/launcher.h"
 #include "smla/types.h"
 
-#include "cuda/sm90/sparse_mla/dequant.h"
-#include "cuda/sm90/sparse_mla/kernel.cuh"
-
 namespace smla::cuda::sm90::sparse_mla {
+
+// Physical 16-byte chunk of logical chunk `ch` in row `r` of a 128-byte-swizzled atom: XOR by
+// row inside groups of 8 chunks, so 8 consecutive rows at one logical chunk land in 8 different
+// bank groups (the wgmma 128-byte swizzle).
+__device__ __forceinline__ int swizzle(int r, int ch) { return ch ^ (r & 7); }
 
 namespace ws {
 // kBarP0 + tile % 2: consumer 0 arrives when a tile's P and rescale factors are stored, consumer 1
@@ -94,17 +105,6 @@ __device__ __forceinline__ void ws_produce(const KernelParams& p, WsConfig::Shar
       off[i] = (row >= 0 && row < p.num_rows) ? int64_t(row) * p.kv_row_stride_bytes : int64_t(-1);
     }
   };
-  // L2 bulk prefetch of a tile's rows (one thread per row), l2_prefetch_steps tile pairs ahead.
-  auto prefetch = [&](int tile) {
-    if (!p.l2_prefetch || c != 0 || tile >= w.num_tiles) return;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int e = w.begin + tile * kBlockK + grp + 16 * i;
-      const int row = e < w.end ? __ldg(w.idx_row + e) : -1;
-      if (row >= 0 && row < p.num_rows)
-        ptx::prefetch_l2_bulk(p.kv + int64_t(row) * p.kv_row_stride_bytes, uint32_t(p.row_chunks * 16));
-    }
-  };
   // Dim blocks [kBlk0, kBlk1) of the tile's rows into the buffer at `base`. L2 fetches are 256
   // bytes (DRAM runs faster than with 128), except a row's last block when it starts a 256-byte
   // segment: its fetch would pull the next 128 bytes (another row's) from DRAM too (ncu, H = 64,
@@ -130,9 +130,7 @@ __device__ __forceinline__ void ws_produce(const KernelParams& p, WsConfig::Shar
   using I0 = std::integral_constant<int, 0>;
   using I4 = std::integral_constant<int, 4>;
   using I9 = std::integral_constant<int, 9>;
-  const int ahead = 2 * p.l2_prefetch_steps;
   if (w.num_tiles > 0) load_ids(0);
-  for (int tile = 1; tile < ahead; ++tile) prefetch(tile);
   for (int tile = 0; tile < w.num_tiles; ++tile) {
     const int b = tile & 1;
     const uint32_t parity = ((tile >> 1) & 1) ^ 1;
@@ -144,9 +142,8 @@ __device__ __forceinline__ void ws_produce(const KernelParams& p, WsConfig::Shar
     ptx::mbar_wait(ws_bar(s.empty[b][1]), parity);
     copy(base, I4{}, I9{});
     ptx::cp_async_mbar_arrive(ws_bar(s.full[b][1]));
-    // The next tile's row ids now (cp.async once its buffer frees up); L2 prefetch ahead.
+    // The next tile's row ids now (cp.async once its buffer frees up).
     if (tile + 1 < w.num_tiles) load_ids(tile + 1);
-    prefetch(tile + ahead);
   }
   if (wt == 0) ws_stamp(p, phase::kProducerDone);
 }
@@ -1069,14 +1066,6 @@ void launch_ws(const KernelParams& p, cudaStream_t stream) {
     const cudaError_t ea = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemBytes));
     SMLA_CHECK(ea == cudaSuccess, std::string("cannot raise the sparse MLA kernel's shared memory to ") +
                                       std::to_string(kSmemBytes) + " bytes: " + cudaGetErrorString(ea));
-    // The setmaxnreg budget (config.h) assumes this allocation; another one would make the
-    // consumers wait forever for registers, so refuse to launch instead.
-    cudaFuncAttributes attr{};
-    const cudaError_t e = cudaFuncGetAttributes(&attr, kernel);
-    SMLA_CHECK(e == cudaSuccess && attr.numRegs == Cfg::kLaunchRegs,
-               "warp-specialized sparse MLA kernel compiled with " + std::to_string(attr.numRegs) +
-                   " registers per thread, its register reallocation needs " + std::to_string(Cfg::kLaunchRegs) +
-                   "; rebuild, or set SMLA_SM90_KERNEL=mma");
     attribute_set.fetch_or(bit, std::memory_order_release);
   }
   const dim3 grid(unsigned(p.num_tokens * p.head_groups), 1, unsigned(p.num_splits));

@@ -1,8 +1,7 @@
 // Host entry of the SM90 sparse MLA: checks, schedule (head groups, top-k splits), KernelParams,
-// and the one compile-time dispatch (cache format x element type x head tile).
+// and the one compile-time dispatch (cache format x element type x score path).
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cstdlib>
 #include <string>
 
@@ -53,62 +52,6 @@ int num_splits_for(const SparseMlaParams& p, int num_sms) {
   return choose_num_splits(p.num_tokens, k::head_groups_for(p.num_heads), p.topk, num_sms);
 }
 
-// 64-head tiles run on the warp-specialized kernel; SMLA_SM90_KERNEL=mma puts every tile on the
-// mma.sync kernel (fallback and A/B runs). (The v5 two-warpgroup wgmma kernel it replaced is in
-// git history and docs/perf-notes.md.)
-bool mma_only() {
-  static const bool v = [] {
-    const char* e = std::getenv("SMLA_SM90_KERNEL");
-    return e != nullptr && std::string(e) == "mma";
-  }();
-  return v;
-}
-
-// L2 bulk prefetch of rows ahead of the gather (A/B runs: SMLA_SM90_L2_PREFETCH=0 off, =N on,
-// N tile pairs ahead in the warp-specialized kernel). Default: on for the mma.sync kernel, off
-// for the warp-specialized one (it measured slower with it: docs/perf-notes.md, v6).
-int l2_prefetch_env() {
-  static const int v = [] {
-    const char* e = std::getenv("SMLA_SM90_L2_PREFETCH");
-    return e == nullptr ? -1 : std::max(0, std::atoi(e));
-  }();
-  return v;
-}
-
-// 16-bit caches with H <= 32 run on the warp-specialized 64-head kernel (heads zero-padded; it
-// is memory-bound there and reads each row once either way); SMLA_SM90_SMALL_H=mma keeps them on
-// the mma.sync kernel with 16- and 32-head tiles.
-bool small_h_on_ws() {
-  static const bool v = [] {
-    const char* e = std::getenv("SMLA_SM90_SMALL_H");
-    return e == nullptr || std::string(e) != "mma";
-  }();
-  return v;
-}
-
-// Quantized caches on the warp-specialized kernel (its producer warpgroup dequantizes): every
-// format by default (fp8 2.2-3x and nvfp4_ds_mla 1.6-1.8x faster than on the mma.sync kernel,
-// docs/perf-notes.md v7, v8). SMLA_SM90_QUANT=mma puts them back on the mma.sync kernel, =ws
-// (the default) keeps them here (A/B runs).
-bool quant_on_ws(KvFormat) {
-  static const bool v = [] {
-    const char* e = std::getenv("SMLA_SM90_QUANT");
-    return e == nullptr || std::string(e) != "mma";
-  }();
-  return v;
-}
-
-// The split merge as a programmatic dependent launch behind the warp-specialized kernel: about
-// 1 us less at T = 1 in two device runs (docs/perf-notes.md v8), every sparse case passes with it,
-// graphs included. SMLA_SM90_PDL=0 launches it the ordinary way (A/B runs).
-bool use_pdl() {
-  static const bool v = [] {
-    const char* e = std::getenv("SMLA_SM90_PDL");
-    return e == nullptr || std::string(e) != "0";
-  }();
-  return v;
-}
-
 bool aligned(const void* ptr, int64_t bytes) { return reinterpret_cast<uintptr_t>(ptr) % uint64_t(bytes) == 0; }
 
 k::RowFormat row_format_of(KvFormat f) {
@@ -132,30 +75,12 @@ bool q8_on() {
   return v;
 }
 
-// The warp-specialized kernel takes 16-bit caches and (quant_on_ws) the quantized ones, an e4m3 q
-// (fp8 caches only) widened to bf16 on load, or read as it is by the fp8 tensor-core variant
-// (q8_on); the mma.sync kernel widens it too.
-bool runs_on_ws(const SparseMlaParams& p) {
-  return !mma_only() && (row_format_of(p.format) == k::RowFormat::kNative16 || quant_on_ws(p.format)) &&
-         (p.num_heads > 32 || small_h_on_ws());
-}
-
-// Quantized caches: bf16 MMAs on the mma.sync kernel for every head tile.
-template <k::RowFormat kRow>
-void launch_quantized(int tile, const k::KernelParams& kp, cudaStream_t s) {
-  if (tile == 16) k::launch_main<ptx::Bf16, 1, kRow>(kp, s);
-  else if (tile == 32) k::launch_main<ptx::Bf16, 2, kRow>(kp, s);
-  else k::launch_main<ptx::Bf16, 4, kRow>(kp, s);
-}
-
 }  // namespace
 
 int sparse_mla_auto_splits(const SparseMlaParams& p, int num_sms) { return num_splits_for(p, num_sms); }
 
 std::string sparse_mla_variant(const SparseMlaParams& p) {
-  if (runs_on_ws(p)) return p.q_dtype == DType::kE4M3 && q8_on() ? "h64.ws.q8" : "h64.ws";
-  const int tile = k::head_tile_for(p.num_heads);
-  return "h" + std::to_string(tile) + ".mma";
+  return p.q_dtype == DType::kE4M3 && q8_on() ? "h64.ws.q8" : "h64.ws";
 }
 
 size_t sparse_mla_workspace_bytes(const SparseMlaParams& p, int num_sms, int num_splits) {
@@ -184,9 +109,7 @@ void sparse_mla(const SparseMlaParams& p, void* workspace, size_t workspace_byte
   kp.num_splits = splits;
   kp.topk = p.topk;
   const k::RowFormat row_format = row_format_of(p.format);
-  kp.row_chunks = p.head_dim() * 2 / 16;
   kp.raw_chunks = k::raw_row_chunks(row_format, p.rope_dim);
-  kp.raw_offset = row_format == k::RowFormat::kNative16 ? 0 : k::kRowBytesMax - 16 * kp.raw_chunks;
   kp.k_steps = p.head_dim() / 16;
   kp.q = p.q;
   kp.q_stride_t = p.q_stride_t, kp.q_stride_h = p.q_stride_h;
@@ -200,10 +123,6 @@ void sparse_mla(const SparseMlaParams& p, void* workspace, size_t workspace_byte
   kp.kv = static_cast<const uint8_t*>(p.kv);
   kp.kv_row_stride_bytes = p.kv_row_stride_bytes;
   kp.num_rows = p.num_rows;
-  const bool ws = runs_on_ws(p);
-  const int prefetch = l2_prefetch_env();
-  kp.l2_prefetch = prefetch < 0 ? !ws : prefetch > 0;
-  kp.l2_prefetch_steps = prefetch < 0 ? 0 : prefetch;
   kp.idx = p.idx;
   kp.idx_stride_t = p.idx_stride_t;
   kp.counts = p.counts;
@@ -226,38 +145,26 @@ void sparse_mla(const SparseMlaParams& p, void* workspace, size_t workspace_byte
 
   auto s = static_cast<cudaStream_t>(stream);
   const bool fp16 = p.q_dtype == DType::kFP16;
-  const int tile = ws ? 64 : k::head_tile_for(p.num_heads);
+  const bool q8 = kp.q_e4m3 && q8_on();
   // The one switch from runtime values to template arguments.
   if (row_format == k::RowFormat::kFp8E4M3) {
-    if (ws && kp.q_e4m3 && q8_on()) k::launch_ws<ptx::Bf16, k::RowFormat::kFp8E4M3, true>(kp, s);
-    else if (ws) k::launch_ws<ptx::Bf16, k::RowFormat::kFp8E4M3>(kp, s);
-    else launch_quantized<k::RowFormat::kFp8E4M3>(tile, kp, s);
+    if (q8) k::launch_ws<ptx::Bf16, k::RowFormat::kFp8E4M3, true>(kp, s);
+    else k::launch_ws<ptx::Bf16, k::RowFormat::kFp8E4M3>(kp, s);
   } else if (row_format == k::RowFormat::kFp8DsMla) {
-    if (ws && kp.q_e4m3 && q8_on()) k::launch_ws<ptx::Bf16, k::RowFormat::kFp8DsMla, true>(kp, s);
-    else if (ws) k::launch_ws<ptx::Bf16, k::RowFormat::kFp8DsMla>(kp, s);
-    else launch_quantized<k::RowFormat::kFp8DsMla>(tile, kp, s);
+    if (q8) k::launch_ws<ptx::Bf16, k::RowFormat::kFp8DsMla, true>(kp, s);
+    else k::launch_ws<ptx::Bf16, k::RowFormat::kFp8DsMla>(kp, s);
   } else if (row_format == k::RowFormat::kNvFp4DsMla) {
-    if (ws) k::launch_ws<ptx::Bf16, k::RowFormat::kNvFp4DsMla>(kp, s);
-    else launch_quantized<k::RowFormat::kNvFp4DsMla>(tile, kp, s);
-  }
-  else if (fp16) {
-    if (tile == 16) k::launch_main<ptx::Fp16, 1>(kp, s);
-    else if (tile == 32) k::launch_main<ptx::Fp16, 2>(kp, s);
-    else if (ws) k::launch_ws<ptx::Fp16>(kp, s);
-    else k::launch_main<ptx::Fp16, 4>(kp, s);
+    k::launch_ws<ptx::Bf16, k::RowFormat::kNvFp4DsMla>(kp, s);
+  } else if (fp16) {
+    k::launch_ws<ptx::Fp16>(kp, s);
   } else {
-    if (tile == 16) k::launch_main<ptx::Bf16, 1>(kp, s);
-    else if (tile == 32) k::launch_main<ptx::Bf16, 2>(kp, s);
-    else if (ws) k::launch_ws<ptx::Bf16>(kp, s);
-    else k::launch_main<ptx::Bf16, 4>(kp, s);
+    k::launch_ws<ptx::Bf16>(kp, s);
   }
   cudaError_t e = cudaGetLastError();
   SMLA_CHECK(e == cudaSuccess, std::string("sparse MLA kernel launch failed: ") + cudaGetErrorString(e));
   if (splits > 1) {
-    // PDL only behind the warp-specialized kernel (the one that triggers it early).
-    const bool pdl = ws && use_pdl();
-    if (fp16) k::launch_combine<ptx::Fp16>(kp, s, pdl);
-    else k::launch_combine<ptx::Bf16>(kp, s, pdl);
+    if (fp16) k::launch_combine<ptx::Fp16>(kp, s);
+    else k::launch_combine<ptx::Bf16>(kp, s);
     e = cudaGetLastError();
     SMLA_CHECK(e == cudaSuccess, std::string("sparse MLA split merge launch failed: ") + cudaGetErrorString(e));
   }
