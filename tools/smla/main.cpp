@@ -83,9 +83,9 @@ namespace {
 void usage() {
   std::puts(
       "usage: smla <command> [options]\n"
-      "  info   [--heads H --format F --topk K --rope-dim 64|0]   build, devices, which kernel runs\n"
+      "  info   [--heads H --format F --q-dtype Q --topk K --rope-dim 64|0 --score bf16|fp8]   build, devices, which kernel runs\n"
       "  check  [--seed N --quick]                                random problems, every backend vs reference\n"
-      "  bench  [--backend cpu|cuda --heads 128,16 --T 1,32,128 --topk 2048 --format bf16 [--q e4m3] [--splits N] [--phases] [--graph] --json F]\n"
+      "  bench  [--backend cpu|cuda --heads 128,16 --T 1,32,128 --topk 2048 --format bf16 [--q e4m3 [--score fp8]] [--splits N] [--phases] [--graph] --json F]\n"
       "  replay DUMP.safetensors [--backend cpu|cuda] --out RESULT.safetensors [--out-dtype bf16|f32]");
 }
 }  // namespace

@@ -1,9 +1,11 @@
-// Host entry of the SM90 sparse MLA: checks, schedule (head groups, top-k splits), KernelParams,
-// and the one compile-time dispatch (cache format x element type x score path).
+// Host entry of the SM90 sparse MLA: checks, the variant (smla/support.h's table), schedule (head
+// groups, top-k splits), KernelParams, and each variant's launch: the one compile-time dispatch
+// (variant x cache format x element type).
 #include <cuda_runtime.h>
 
-#include <cstdlib>
+#include <iterator>
 #include <string>
+#include <string_view>
 
 #include "cuda/common/phase.h"
 #include "cuda/sm90/sparse_mla/launcher.h"
@@ -16,13 +18,9 @@ namespace {
 
 namespace k = sm90::sparse_mla;
 
-// What this kernel adds to validate(): the parts of the general contract it does not cover.
-void check_kernel_supports(const SparseMlaParams& p) {
-  SMLA_CHECK(!format_is_quantized(p.format) || p.q_dtype != DType::kFP16,
-             "the SM90 kernel reads a " + std::string(to_string(p.format)) +
-                 " cache with a bf16 q (or e4m3 for fp8_e4m3); got an fp16 q: cast q to bf16 or use the CPU backend");
-  SMLA_CHECK(p.num_heads <= kMaxNativeHeads, "H = " + std::to_string(p.num_heads) +
-                                                 " exceeds 128 heads per call; call once per group of <= 128 heads");
+// What a call adds to validate() and to its geometry's support (the variant table): output
+// type, grid size, pointer alignment.
+void check_call(const SparseMlaParams& p) {
   SMLA_CHECK(p.out_dtype != DType::kFP32,
              "out_dtype f32 is CPU-only; the CUDA backend writes bf16 (fp16 for an fp16 q)");
   SMLA_CHECK(p.num_tokens * sm90::sparse_mla::head_groups_for(p.num_heads) < (int64_t(1) << 31),
@@ -63,40 +61,72 @@ k::RowFormat row_format_of(KvFormat f) {
   }
 }
 
-// An e4m3 q over fp8 rows on the fp8 tensor-core variant (WsQ8Config): SMLA_SM90_Q8=1. Opt-in:
-// 6-19% faster than widening q to bf16, but the tensor core adds the fp8 products with fewer bits
-// than fp32, and the LSE strays past DESIGN.md §8's 1e-3 (up to ~6e-3 measured; out is unaffected):
-// docs/perf-notes.md, session 8.
-bool q8_on() {
-  static const bool v = [] {
-    const char* e = std::getenv("SMLA_SM90_Q8");
-    return e != nullptr && std::string(e) == "1";
-  }();
-  return v;
+// The current device as the variant table sees it (ordinal and compute capability; attribute
+// queries, no synchronization). No device: an empty DeviceInfo, which every variant refuses.
+DeviceInfo current_device() {
+  DeviceInfo d;
+  if (cudaGetDevice(&d.ordinal) != cudaSuccess ||
+      cudaDeviceGetAttribute(&d.cc_major, cudaDevAttrComputeCapabilityMajor, d.ordinal) != cudaSuccess ||
+      cudaDeviceGetAttribute(&d.cc_minor, cudaDevAttrComputeCapabilityMinor, d.ordinal) != cudaSuccess) {
+    cudaGetLastError();  // a failed query leaves a (non-sticky) error: clear it
+    return {};
+  }
+  d.name = "device " + std::to_string(d.ordinal);
+  return d;
 }
+
+// The variant that runs p on the current device (smla/support.h's table), or Error with the reason.
+const CudaVariant& variant_for(const SparseMlaParams& p) {
+  const Geometry g = geometry_of(p);
+  const DeviceInfo dev = current_device();
+  const CudaVariant* v = cuda_variant_for(g, dev);
+  if (v == nullptr) fail_unsupported(support_cuda(g, dev, true).reason);
+  return *v;
+}
+
+// ---- the launches of kCudaVariants, in its order.
+using LaunchFn = void (*)(const k::KernelParams& kp, KvFormat format, bool fp16, cudaStream_t s);
+
+void launch_h64_ws(const k::KernelParams& kp, KvFormat format, bool fp16, cudaStream_t s) {
+  switch (format) {
+    case KvFormat::kFP8E4M3: return k::launch_ws<ptx::Bf16, k::RowFormat::kFp8E4M3>(kp, s);
+    case KvFormat::kFP8DsMla: return k::launch_ws<ptx::Bf16, k::RowFormat::kFp8DsMla>(kp, s);
+    case KvFormat::kNvFP4DsMla: return k::launch_ws<ptx::Bf16, k::RowFormat::kNvFp4DsMla>(kp, s);
+    default: return fp16 ? k::launch_ws<ptx::Fp16>(kp, s) : k::launch_ws<ptx::Bf16>(kp, s);
+  }
+}
+
+void launch_h64_ws_q8(const k::KernelParams& kp, KvFormat format, bool, cudaStream_t s) {
+  if (format == KvFormat::kFP8E4M3) k::launch_ws<ptx::Bf16, k::RowFormat::kFp8E4M3, true>(kp, s);
+  else if (format == KvFormat::kFP8DsMla) k::launch_ws<ptx::Bf16, k::RowFormat::kFp8DsMla, true>(kp, s);
+  else fail("h64.ws.q8 reads fp8 rows only");  // unreachable: its supports() refuses the others
+}
+
+constexpr LaunchFn kLaunch[] = {launch_h64_ws, launch_h64_ws_q8};
+static_assert(std::size(kLaunch) == std::size(kCudaVariants), "one launch per variant of smla/support.h");
+static_assert(std::string_view(kCudaVariants[0].name) == "h64.ws" && std::string_view(kCudaVariants[1].name) == "h64.ws.q8",
+              "kLaunch follows kCudaVariants");
 
 }  // namespace
 
 int sparse_mla_auto_splits(const SparseMlaParams& p, int num_sms) { return num_splits_for(p, num_sms); }
 
-std::string sparse_mla_variant(const SparseMlaParams& p) {
-  return p.q_dtype == DType::kE4M3 && q8_on() ? "h64.ws.q8" : "h64.ws";
-}
-
 size_t sparse_mla_workspace_bytes(const SparseMlaParams& p, int num_sms, int num_splits) {
   if (p.num_tokens <= 0) return 0;
-  return split_workspace_bytes(p.num_tokens, p.num_heads, num_splits > 0 ? num_splits : num_splits_for(p, num_sms));
+  return variant_for(p).workspace(p.num_tokens, p.num_heads,
+                                  num_splits > 0 ? num_splits : num_splits_for(p, num_sms));
 }
 
 void sparse_mla(const SparseMlaParams& p, void* workspace, size_t workspace_bytes, void* stream, int num_splits) {
   validate(p);
-  check_kernel_supports(p);
+  const CudaVariant& variant = variant_for(p);
+  check_call(p);
   SMLA_CHECK(num_splits >= 0 && num_splits <= kMaxSplits,
              "num_splits must be in [0, " + std::to_string(kMaxSplits) + "]; got " + std::to_string(num_splits));
   if (p.num_tokens == 0) return;  // empty problem: nothing to launch
 
   const int splits = num_splits > 0 ? num_splits : num_splits_for(p, current_num_sms());
-  const size_t need = split_workspace_bytes(p.num_tokens, p.num_heads, splits);
+  const size_t need = variant.workspace(p.num_tokens, p.num_heads, splits);
   SMLA_CHECK(workspace_bytes >= need && (need == 0 || workspace != nullptr),
              "workspace too small: this launch splits the top-k " + std::to_string(splits) + " ways and needs " +
                  std::to_string(need) + " bytes (sparse_mla_workspace_bytes); got " + std::to_string(workspace_bytes));
@@ -145,21 +175,7 @@ void sparse_mla(const SparseMlaParams& p, void* workspace, size_t workspace_byte
 
   auto s = static_cast<cudaStream_t>(stream);
   const bool fp16 = p.q_dtype == DType::kFP16;
-  const bool q8 = kp.q_e4m3 && q8_on();
-  // The one switch from runtime values to template arguments.
-  if (row_format == k::RowFormat::kFp8E4M3) {
-    if (q8) k::launch_ws<ptx::Bf16, k::RowFormat::kFp8E4M3, true>(kp, s);
-    else k::launch_ws<ptx::Bf16, k::RowFormat::kFp8E4M3>(kp, s);
-  } else if (row_format == k::RowFormat::kFp8DsMla) {
-    if (q8) k::launch_ws<ptx::Bf16, k::RowFormat::kFp8DsMla, true>(kp, s);
-    else k::launch_ws<ptx::Bf16, k::RowFormat::kFp8DsMla>(kp, s);
-  } else if (row_format == k::RowFormat::kNvFp4DsMla) {
-    k::launch_ws<ptx::Bf16, k::RowFormat::kNvFp4DsMla>(kp, s);
-  } else if (fp16) {
-    k::launch_ws<ptx::Fp16>(kp, s);
-  } else {
-    k::launch_ws<ptx::Bf16>(kp, s);
-  }
+  kLaunch[&variant - kCudaVariants](kp, p.format, fp16, s);
   cudaError_t e = cudaGetLastError();
   SMLA_CHECK(e == cudaSuccess, std::string("sparse MLA kernel launch failed: ") + cudaGetErrorString(e));
   if (splits > 1) {
