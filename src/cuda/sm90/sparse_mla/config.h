@@ -124,6 +124,28 @@ struct WsQ8Config {
   static constexpr size_t kSmemBytes = sizeof(SharedStorage);
 };
 
+// Quantized formats on the dequantizing path: each half of a buffer is gathered raw by the producer
+// into a staging area inside that half, then dequantized in place by consumer 1 (convert.cuh).
+// Raw bytes of half h (0: dims 0-255, 1: dims 256-511 and the RoPE block) staged as segment 0 then
+// segment 1, `bytes` per row, rows `bytes` apart from dim block `block` of the half's buffer.
+struct StageHalf {
+  int block, bytes, off0, len0, off1;  // segment 0 = [off0, off0 + len0), segment 1 = [off1, off1 + bytes - len0)
+};
+template <RowFormat kRow>
+struct StageLayout;
+template <>
+struct StageLayout<RowFormat::kFp8E4M3> {  // [0,512) e4m3 latent, [512,576) e4m3 RoPE
+  static constexpr StageHalf h[2] = {{2, 256, 0, 256, 0}, {6, 320, 256, 320, 0}};
+};
+template <>
+struct StageLayout<RowFormat::kFp8DsMla> {  // [0,512) e4m3, [512,528) 4 fp32 scales, [528,656) bf16 RoPE
+  static constexpr StageHalf h[2] = {{1, 272, 0, 256, 512}, {5, 272, 256, 256, 512}};
+};
+template <>
+struct StageLayout<RowFormat::kNvFp4DsMla> {  // [0,256) e2m1, [256,320) e4m3 RoPE, [320,352) e4m3 scales
+  static constexpr StageHalf h[2] = {{2, 160, 0, 128, 320}, {6, 224, 128, 224, 0}};
+};
+
 inline constexpr size_t kSmemLimit = 227 * 1024;  // SM90 opt-in per-block limit
 static_assert(WsConfig::kSmemBytes <= kSmemLimit, "warp-specialized variant: shared memory over 227 KiB");
 static_assert(WsQ8Config::kSmemBytes <= kSmemLimit, "warp-specialized e4m3 variant: shared memory over 227 KiB");
