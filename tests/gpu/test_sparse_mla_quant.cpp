@@ -88,9 +88,9 @@ TEST(QuantDequant, E2m1LookupEqualsArithmetic) {
 
 k::dq::Chunk dequant_chunk(KvFormat f, const uint8_t* raw, int ch) {
   switch (f) {
-    case KvFormat::kFP8E4M3: return k::dq::dequant_chunk<k::RowFormat::kFp8E4M3>(raw, ch);
-    case KvFormat::kFP8DsMla: return k::dq::dequant_chunk<k::RowFormat::kFp8DsMla>(raw, ch);
-    default: return k::dq::dequant_chunk<k::RowFormat::kNvFp4DsMla>(raw, ch);
+    case KvFormat::kFP8E4M3: return k::dq::dequant_chunk<KvFormat::kFP8E4M3>(raw, ch);
+    case KvFormat::kFP8DsMla: return k::dq::dequant_chunk<KvFormat::kFP8DsMla>(raw, ch);
+    default: return k::dq::dequant_chunk<KvFormat::kNvFP4DsMla>(raw, ch);
   }
 }
 

@@ -7,12 +7,16 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "smla/formats.h"
+
 namespace smla::cuda::sm90::sparse_mla {
 
-// How the kernel reads a cache row (DESIGN.md §3). kNative16: bf16 / fp16 rows are gathered
-// into shared memory as they are. The others: raw rows are gathered into a staging area and
-// dequantized to bf16 (dequant.h), or read by the fp8 tensor cores as they are (WsQ8Config).
-enum class RowFormat { kNative16, kFp8E4M3, kFp8DsMla, kNvFp4DsMla };
+// How the kernel reads a cache row of format F (DESIGN.md §3, smla::row_layout): bf16 / fp16 rows
+// are gathered into shared memory as they are; quantized rows (kQuantized<F>) are gathered raw into
+// a staging area and dequantized to bf16 (dequant.h), or read by the fp8 tensor cores as they are
+// (WsQ8Config).
+template <KvFormat F>
+inline constexpr bool kQuantized = row_layout(F).latent_bits < 16;
 
 // What the launcher hands the kernel: validated, strides in elements, scales pre-multiplied.
 struct KernelParams {
@@ -131,20 +135,42 @@ struct WsQ8Config {
 struct StageHalf {
   int block, bytes, off0, len0, off1;  // segment 0 = [off0, off0 + len0), segment 1 = [off1, off1 + bytes - len0)
 };
-template <RowFormat kRow>
+template <KvFormat kFormat>
 struct StageLayout;
 template <>
-struct StageLayout<RowFormat::kFp8E4M3> {  // [0,512) e4m3 latent, [512,576) e4m3 RoPE
-  static constexpr StageHalf h[2] = {{2, 256, 0, 256, 0}, {6, 320, 256, 320, 0}};
+struct StageLayout<KvFormat::kFP8E4M3> {  // [0,512) e4m3 latent, [512,576) e4m3 RoPE
+  static constexpr RowLayout L = row_layout(KvFormat::kFP8E4M3);
+  static constexpr int kHalf = L.latent_bytes / 2;  // latent bytes of one half (dims 0-255 | 256-511)
+  static constexpr StageHalf h[2] = {{2, kHalf, 0, kHalf, 0}, {6, L.bytes - kHalf, kHalf, L.bytes - kHalf, 0}};
 };
 template <>
-struct StageLayout<RowFormat::kFp8DsMla> {  // [0,512) e4m3, [512,528) 4 fp32 scales, [528,656) bf16 RoPE
-  static constexpr StageHalf h[2] = {{1, 272, 0, 256, 512}, {5, 272, 256, 256, 512}};
+struct StageLayout<KvFormat::kFP8DsMla> {  // [0,512) e4m3, [512,528) 4 fp32 scales, [528,656) bf16 RoPE
+  static constexpr RowLayout L = row_layout(KvFormat::kFP8DsMla);
+  static constexpr int kHalf = L.latent_bytes / 2;
+  static constexpr int kScales = L.num_scales * L.scale_bytes;  // every tile scale with each half
+  // (the bf16 RoPE is not staged: the producer copies it straight to dim block 8)
+  static constexpr StageHalf h[2] = {{1, kHalf + kScales, 0, kHalf, L.scale_offset},
+                                     {5, kHalf + kScales, kHalf, kHalf, L.scale_offset}};
 };
 template <>
-struct StageLayout<RowFormat::kNvFp4DsMla> {  // [0,256) e2m1, [256,320) e4m3 RoPE, [320,352) e4m3 scales
-  static constexpr StageHalf h[2] = {{2, 160, 0, 128, 320}, {6, 224, 128, 224, 0}};
+struct StageLayout<KvFormat::kNvFP4DsMla> {  // [0,256) e2m1, [256,320) e4m3 RoPE, [320,352) e4m3 scales
+  static constexpr RowLayout L = row_layout(KvFormat::kNvFP4DsMla);
+  static constexpr int kHalf = L.latent_bytes / 2;
+  static constexpr int kScales = L.num_scales * L.scale_bytes;
+  // half 0: its latent bytes and the scales; half 1: the rest of the row from its latent bytes on
+  static constexpr StageHalf h[2] = {{2, kHalf + kScales, 0, kHalf, L.scale_offset},
+                                     {6, L.bytes - kHalf, kHalf, L.bytes - kHalf, 0}};
 };
+// A half's staging area (64 rows) fits its dim blocks from `block` on: [block, 4) for half 0,
+// [block, 9) for half 1.
+template <KvFormat F>
+constexpr bool stage_fits() {
+  constexpr auto& h = StageLayout<F>::h;
+  return kBlockK * h[0].bytes <= (4 - h[0].block) * WsConfig::kBlockBytes &&
+         kBlockK * h[1].bytes <= (WsConfig::kDimBlocks - h[1].block) * WsConfig::kBlockBytes;
+}
+static_assert(stage_fits<KvFormat::kFP8E4M3>() && stage_fits<KvFormat::kFP8DsMla>() && stage_fits<KvFormat::kNvFP4DsMla>(),
+              "a staging area runs past its half of the tile buffer");
 
 inline constexpr size_t kSmemLimit = 227 * 1024;  // SM90 opt-in per-block limit
 static_assert(WsConfig::kSmemBytes <= kSmemLimit, "warp-specialized variant: shared memory over 227 KiB");
@@ -158,17 +184,15 @@ static_assert((WsConfig::kScorerRegs - WsConfig::kLaunchRegs) + (WsConfig::kCons
                   WsConfig::kLaunchRegs - WsConfig::kProducerRegs,
               "warp-specialized kernel: consumer registers exceed what the producer releases");
 
-// 16-byte chunks of a stored row that the kernel gathers. A ds_mla row with rope_dim = 0 keeps its
-// size; fp8_ds_mla then stops after the scales (RoPE is its last 128 bytes), nvfp4_ds_mla reads
-// all 352 bytes (its RoPE sits between the values and the scales).
-inline int raw_row_chunks(RowFormat f, int rope_dim) {
-  switch (f) {
-    case RowFormat::kNative16: return (kLatent + rope_dim) * 2 / 16;
-    case RowFormat::kFp8E4M3: return (kLatent + rope_dim) / 16;
-    case RowFormat::kFp8DsMla: return rope_dim > 0 ? 656 / 16 : 528 / 16;
-    case RowFormat::kNvFp4DsMla: return 352 / 16;
-  }
-  return 0;
+// 16-byte chunks of a stored row that the kernel gathers: the whole row with RoPE. Without RoPE a
+// row whose RoPE comes last stops before it (16-bit, fp8_e4m3: their shorter row; fp8_ds_mla:
+// after the scales, its 656-byte row keeps its size); nvfp4_ds_mla reads all 352 bytes (its RoPE
+// sits between the values and the scales).
+inline int raw_row_chunks(KvFormat f, int rope_dim) {
+  const RowLayout L = row_layout(f);
+  if (rope_dim > 0) return L.bytes / 16;
+  const bool rope_last = L.rope_offset + kRopeDim * dtype_bytes(L.rope_dtype) == L.bytes;
+  return (rope_last ? L.rope_offset : L.bytes_no_rope) / 16;
 }
 
 // Blocks per token along the heads: groups of 64 (heads past H zero-padded).

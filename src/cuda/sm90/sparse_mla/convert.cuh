@@ -14,13 +14,14 @@ namespace smla::cuda::sm90::sparse_mla {
 // bytes (the producer's "raw" mbarrier, phase `parity`), reads this thread's raw bytes into
 // registers, syncs the warpgroup (every raw byte read before any is overwritten), writes the
 // bf16 chunks to their swizzled places and arrives on the half's "full" mbarrier.
-template <RowFormat kRow, int kB, int kH>
+template <KvFormat kFormat, int kB, int kH>
 __device__ __forceinline__ void ws_convert_half(const KernelParams& p, WsConfig::SharedStorage& s, int wt,
                                                 uint32_t parity) {
   using Cfg = WsConfig;
-  constexpr StageHalf st = StageLayout<kRow>::h[kH];
+  constexpr StageHalf st = StageLayout<kFormat>::h[kH];
+  constexpr RowLayout L = row_layout(kFormat);
   constexpr int kBlk0 = kH == 0 ? 0 : 4;
-  constexpr int kNb = kH == 0 ? 4 : (kRow == RowFormat::kFp8DsMla ? 4 : 5);  // ds_mla RoPE is in place
+  constexpr int kNb = kH == 0 ? 4 : (kFormat == KvFormat::kFP8DsMla ? 4 : 5);  // ds_mla RoPE is in place
   const int c = wt & 7, grp = wt >> 3;
   const bool rope = p.k_steps > kLatent / 16;
   ptx::mbar_wait(ws_bar(s.raw[kB][kH]), parity);
@@ -33,21 +34,21 @@ __device__ __forceinline__ void ws_convert_half(const KernelParams& p, WsConfig:
 #pragma unroll
     for (int j = 0; j < kNb; ++j) {
       const int blk = kBlk0 + j;
-      if constexpr (kRow == RowFormat::kFp8E4M3) {
+      if constexpr (kFormat == KvFormat::kFP8E4M3) {
         dq::ld_u32x2(sr + (blk - kBlk0) * 64 + c * 8, lo[i][j], hi[i][j]);
         sc[i][j] = 1.0f;
-      } else if constexpr (kRow == RowFormat::kFp8DsMla) {
+      } else if constexpr (kFormat == KvFormat::kFP8DsMla) {
         dq::ld_u32x2(sr + (blk - kBlk0) * 64 + c * 8, lo[i][j], hi[i][j]);
-        sc[i][j] = num::bits_f32(dq::ld_u32(sr + 256 + 4 * (blk >> 1)));
+        sc[i][j] = num::bits_f32(dq::ld_u32(sr + st.len0 + L.scale_bytes * (blk / (L.tile_width / 64))));  // its tile's
       } else {
         if (blk < 8) {
           const int ch = blk * 8 + c;  // latent chunk: bytes 4 ch .. 4 ch + 3 of the row
-          lo[i][j] = dq::ld_u32(sr + 4 * ch - (kH == 0 ? 0 : 128));
-          const int scale_at = num::nvfp4_scale_offset(ch >> 1);
-          hi[i][j] = sr[kH == 0 ? scale_at - 320 + 128 : scale_at - 128];  // the e4m3 block scale byte
+          lo[i][j] = dq::ld_u32(sr + 4 * ch - st.off0);
+          const int scale_at = nvfp4_scale_offset(ch >> 1);
+          hi[i][j] = sr[kH == 0 ? scale_at - st.off1 + st.len0 : scale_at - st.off0];  // the e4m3 block scale
           sc[i][j] = 1.0f;
         } else {
-          dq::ld_u32x2(sr + 128 + 8 * c, lo[i][j], hi[i][j]);  // RoPE, e4m3 unscaled
+          dq::ld_u32x2(sr + (L.rope_offset - st.off0) + 8 * c, lo[i][j], hi[i][j]);  // RoPE, e4m3 unscaled
           sc[i][j] = 1.0f;
         }
       }
@@ -61,8 +62,8 @@ __device__ __forceinline__ void ws_convert_half(const KernelParams& p, WsConfig:
     for (int j = 0; j < kNb; ++j) {
       const int blk = kBlk0 + j;
       dq::Chunk v;
-      if constexpr (kRow == RowFormat::kFp8E4M3) v = dq::e4m3x8_fast(lo[i][j], hi[i][j]);
-      else if constexpr (kRow == RowFormat::kFp8DsMla) v = dq::e4m3x8_scaled_fast(lo[i][j], hi[i][j], sc[i][j]);
+      if constexpr (kFormat == KvFormat::kFP8E4M3) v = dq::e4m3x8_fast(lo[i][j], hi[i][j]);
+      else if constexpr (kFormat == KvFormat::kFP8DsMla) v = dq::e4m3x8_scaled_fast(lo[i][j], hi[i][j], sc[i][j]);
       else
         v = blk < 8 ? dq::e2m1x8_scaled_lut(lo[i][j], dq::e4m3_bf16_bits(hi[i][j])) : dq::e4m3x8_fast(lo[i][j], hi[i][j]);
       if (blk == 8 && !rope) v = dq::Chunk{{0u, 0u, 0u, 0u}};
@@ -74,18 +75,18 @@ __device__ __forceinline__ void ws_convert_half(const KernelParams& p, WsConfig:
 }
 
 // Half kH of `tile` (buffer tile % 2).
-template <RowFormat kRow, int kH>
+template <KvFormat kFormat, int kH>
 __device__ __forceinline__ void ws_convert(const KernelParams& p, WsConfig::SharedStorage& s, int wt, int tile) {
   const uint32_t parity = (tile >> 1) & 1;
-  if (tile & 1) ws_convert_half<kRow, 1, kH>(p, s, wt, parity);
-  else ws_convert_half<kRow, 0, kH>(p, s, wt, parity);
+  if (tile & 1) ws_convert_half<kFormat, 1, kH>(p, s, wt, parity);
+  else ws_convert_half<kFormat, 0, kH>(p, s, wt, parity);
 }
 
 // V half kH (dims 256 kH .. 256 kH + 255) of `tile` -> bf16 in s.v, by consumer 1's 128 threads
 // (thread wt: rows grp + 16 i, 16-byte chunk c of latent blocks 2 kH and 2 kH + 1, written as two
 // bf16 chunks). fp8_e4m3 stays unscaled (k_scale is applied to the output), fp8_ds_mla takes its
 // tile scale. Half 0 first waits for the stage's rows. Ends with the writes visible to wgmma.
-template <RowFormat kRow, int kH>
+template <KvFormat kFormat, int kH>
 __device__ __forceinline__ void ws_convert_v(WsQ8Config::SharedStorage& s, int wt, int tile) {
   const int st = tile & 1;
   if constexpr (kH == 0) ptx::mbar_wait(ws_bar(s.full[st]), (tile >> 1) & 1);
@@ -98,7 +99,7 @@ __device__ __forceinline__ void ws_convert_v(WsQ8Config::SharedStorage& s, int w
       uint32_t x[4];
       ptx::ld_shared_v4(x, ptx::smem_addr(s.k[st][lb]) + uint32_t(r * 128 + ((c ^ (r & 7)) << 4)));
       dq::Chunk v[2];
-      if constexpr (kRow == RowFormat::kFp8DsMla) {
+      if constexpr (kFormat == KvFormat::kFP8DsMla) {
         const float sc = s.ks[st][r][lb];
         v[0] = dq::e4m3x8_scaled_fast(x[0], x[1], sc);
         v[1] = dq::e4m3x8_scaled_fast(x[2], x[3], sc);

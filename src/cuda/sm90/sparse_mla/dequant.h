@@ -184,29 +184,30 @@ SMLA_DQ_UNROLL
 // Logical 16-byte chunk `ch` (elements 8 ch .. 8 ch + 7 of the bf16 row: ch < 64 latent,
 // 64..71 RoPE) of the raw row at `raw` (16-byte aligned; the bytes a chunk needs only).
 // fp8_e4m3: e4m3 without k_scale (the caller folds it into its scales).
-template <RowFormat kRow>
+template <KvFormat kFormat>
 SMLA_HD Chunk dequant_chunk(const uint8_t* raw, int ch) {
+  constexpr RowLayout L = row_layout(kFormat);
   uint32_t lo, hi;
-  if constexpr (kRow == RowFormat::kFp8E4M3) {
+  if constexpr (kFormat == KvFormat::kFP8E4M3) {
     ld_u32x2(raw + 8 * ch, lo, hi);
     return e4m3x8(lo, hi);
-  } else if constexpr (kRow == RowFormat::kFp8DsMla) {
+  } else if constexpr (kFormat == KvFormat::kFP8DsMla) {
     if (ch < kLatent / 8) {
       ld_u32x2(raw + 8 * ch, lo, hi);
-      return e4m3x8_scaled(lo, hi, num::bits_f32(ld_u32(raw + 512 + 4 * (ch >> 4))));  // 128-wide tiles
+      return e4m3x8_scaled(lo, hi, num::bits_f32(ld_u32(raw + L.scale_offset + L.scale_bytes * (ch / (L.tile_width / 8)))));
     }
-    const uint8_t* rope = raw + 528 + 16 * (ch - kLatent / 8);  // bf16 as stored
+    const uint8_t* rope = raw + L.rope_offset + 16 * (ch - kLatent / 8);  // bf16 as stored
     Chunk c;
     ld_u32x2(rope, c.w[0], c.w[1]);
     ld_u32x2(rope + 8, c.w[2], c.w[3]);
     return c;
   } else {
-    static_assert(kRow == RowFormat::kNvFp4DsMla, "quantized row formats only");
+    static_assert(kFormat == KvFormat::kNvFP4DsMla, "quantized row formats only");
     if (ch < kLatent / 8) {
-      const float sf = e4m3_f32(raw[num::nvfp4_scale_offset(ch >> 1)]);  // 16-element blocks
+      const float sf = e4m3_f32(raw[nvfp4_scale_offset(ch / (L.tile_width / 8))]);
       return e2m1x8_scaled(ld_u32(raw + 4 * ch), sf);
     }
-    ld_u32x2(raw + 256 + 8 * (ch - kLatent / 8), lo, hi);  // RoPE: e4m3, unscaled
+    ld_u32x2(raw + L.rope_offset + 8 * (ch - kLatent / 8), lo, hi);  // RoPE: e4m3, unscaled
     return e4m3x8(lo, hi);
   }
 }

@@ -32,7 +32,7 @@ __device__ __forceinline__ void ld_q_e4m3x8(const KernelParams& p, const uint8_t
 // blocks, heads past H and (D = 512) dim block 8 zero; an e4m3 q widened to bf16 exactly (q_scale
 // is in scale_log2). The fp8 score path (kQ8): the latent as e4m3 into blocks 0-3, the RoPE into
 // block 4 as e4m3 (fp8_e4m3) or widened to bf16 (fp8_ds_mla: its RoPE rows are bf16).
-template <RowFormat kRow, bool kQ8>
+template <KvFormat kFormat, bool kQ8>
 __device__ __forceinline__ void load_q(const KernelParams& p, WsSmem<kQ8>& s, const WsBlock& w, int tid) {
   using Cfg = WsConfig;
   if (w.num_tiles == 0) return;
@@ -49,7 +49,7 @@ __device__ __forceinline__ void load_q(const KernelParams& p, WsSmem<kQ8>& s, co
       if (e < kLatent) {
         const uint32_t dst = row + uint32_t((e >> 7) * Cfg::kBlockBytes + ((((e & 127) >> 4) ^ (hr & 7)) << 4) + (e & 8));
         ptx::st_shared_v2(dst, lo, hi);
-      } else if constexpr (kRow == RowFormat::kFp8DsMla) {
+      } else if constexpr (kFormat == KvFormat::kFP8DsMla) {
         const dq::Chunk v = dq::e4m3x8_fast(lo, hi);  // exact
         ptx::st_shared_v4(row + uint32_t(4 * Cfg::kBlockBytes + ((((e - kLatent) >> 3) ^ (hr & 7)) << 4)), v.w);
       } else {
@@ -71,7 +71,7 @@ __device__ __forceinline__ void load_q(const KernelParams& p, WsSmem<kQ8>& s, co
         ptx::st_shared_zero16(dst);
         continue;
       }
-      if constexpr (kRow == RowFormat::kFp8E4M3 || kRow == RowFormat::kFp8DsMla) {
+      if constexpr (kFormat == KvFormat::kFP8E4M3 || kFormat == KvFormat::kFP8DsMla) {
         if (p.q_e4m3) {  // e4m3 -> bf16 exactly (q_scale is in scale_log2)
           uint32_t lo = 0, hi = 0;
           ld_q_e4m3x8(p, q_src<uint8_t>(p, w, h, ch * 8), lo, hi);

@@ -27,10 +27,10 @@
 namespace smla::cuda::sm90::sparse_mla {
 
 // Consumer kWg (0: the scorer) of output dims [256 kWg, 256 kWg + 256).
-template <typename Elem, RowFormat kRow, int kWg, bool kQ8>
+template <typename Elem, KvFormat kFormat, int kWg, bool kQ8>
 __device__ __forceinline__ void ws_consume(const KernelParams& p, WsSmem<kQ8>& s, const WsBlock& w, int wt) {
   const Frag fr(wt);
-  load_q<kRow, kQ8>(p, s, w, kWg * 128 + wt);
+  load_q<kFormat, kQ8>(p, s, w, kWg * 128 + wt);
   if (kWg == 0 && wt == 0) ws_stamp(p, phase::kQReady);
 
   float acc_o[128];  // (64 heads, 256 dims of this warpgroup): [n8 block j][C fragment]
@@ -38,9 +38,9 @@ __device__ __forceinline__ void ws_consume(const KernelParams& p, WsSmem<kQ8>& s
   for (int i = 0; i < 128; ++i) acc_o[i] = 0.0f;
   float m_run[2] = {-INFINITY, -INFINITY};  // rows wrow + g, wrow + g + 8 (log2 domain)
   float l_run[2] = {0.0f, 0.0f};            // sums over this warpgroup's columns
-  if constexpr (kWg == 0) score_loop<Elem, kRow, kQ8>(p, s, w, fr, ptx::smem_addr(s.q), acc_o, m_run, l_run);
-  else if constexpr (kQ8) pv_loop_q8<Elem, kRow>(s, w, fr, acc_o);
-  else pv_loop<Elem, kRow>(p, s, w, fr, acc_o);
+  if constexpr (kWg == 0) score_loop<Elem, kFormat, kQ8>(p, s, w, fr, ptx::smem_addr(s.q), acc_o, m_run, l_run);
+  else if constexpr (kQ8) pv_loop_q8<Elem, kFormat>(s, w, fr, acc_o);
+  else pv_loop<Elem, kFormat>(p, s, w, fr, acc_o);
   if (wt == 0) ws_stamp(p, kWg == 0 ? phase::kLoopDone : phase::kLoopDone1);
   store_o<Elem, kWg, kQ8>(p, s, w, fr, acc_o, m_run, l_run);
 }
@@ -48,7 +48,7 @@ __device__ __forceinline__ void ws_consume(const KernelParams& p, WsSmem<kQ8>& s
 // One block per (token, 64-head group, top-k split), 3 warpgroups (WsConfig): mbarriers, then each
 // warpgroup takes its registers (setmaxnreg; the budget is checked on the cubins by
 // tests/cpu/test_kernel_config.cpp) and its role.
-template <typename Elem, RowFormat kRow, bool kQ8>
+template <typename Elem, KvFormat kFormat, bool kQ8>
 __global__ void __launch_bounds__(WsConfig::kThreads, 1) sparse_mla_ws_kernel(const __grid_constant__ KernelParams p) {
   using Cfg = WsConfig;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -80,24 +80,24 @@ __global__ void __launch_bounds__(WsConfig::kThreads, 1) sparse_mla_ws_kernel(co
   const int wg = threadIdx.x / 128, wt = threadIdx.x % 128;
   if (wg == 2) {
     ptx::setmaxnreg_dec<Cfg::kProducerRegs>();
-    if constexpr (kQ8) ws_produce_q8<kRow>(p, s, w, wt);
-    else if constexpr (kRow == RowFormat::kNative16) ws_produce(p, s, w, wt);
-    else ws_produce_quant<kRow>(p, s, w, wt);
+    if constexpr (kQ8) ws_produce_q8<kFormat>(p, s, w, wt);
+    else if constexpr (!kQuantized<kFormat>) ws_produce(p, s, w, wt);
+    else ws_produce_quant<kFormat>(p, s, w, wt);
   } else if (wg == 0) {
     ptx::setmaxnreg_inc<Cfg::kScorerRegs>();
-    ws_consume<Elem, kRow, 0, kQ8>(p, s, w, wt);
+    ws_consume<Elem, kFormat, 0, kQ8>(p, s, w, wt);
   } else {
     ptx::setmaxnreg_inc<Cfg::kConsumerRegs>();
-    ws_consume<Elem, kRow, 1, kQ8>(p, s, w, wt);
+    ws_consume<Elem, kFormat, 1, kQ8>(p, s, w, wt);
   }
 }
 
-template <typename Elem, RowFormat kRow, bool kQ8>
+template <typename Elem, KvFormat kFormat, bool kQ8>
 void launch_ws(const KernelParams& p, cudaStream_t stream) {
   using Cfg = WsConfig;  // threads and registers; shared memory from the variant's own plan
   constexpr size_t kSmemBytes = kQ8 ? WsQ8Config::kSmemBytes : WsConfig::kSmemBytes;
-  static_assert(!kQ8 || kRow == RowFormat::kFp8E4M3 || kRow == RowFormat::kFp8DsMla, "an e4m3 q reads fp8 rows only");
-  auto* kernel = sparse_mla_ws_kernel<Elem, kRow, kQ8>;
+  static_assert(!kQ8 || kFormat == KvFormat::kFP8E4M3 || kFormat == KvFormat::kFP8DsMla, "an e4m3 q reads fp8 rows only");
+  auto* kernel = sparse_mla_ws_kernel<Elem, kFormat, kQ8>;
   // Raise the dynamic shared-memory limit once per device (a per-launch call costs host time).
   static std::atomic<uint64_t> attribute_set{0};
   int dev = 0;

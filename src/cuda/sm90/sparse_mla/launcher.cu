@@ -52,15 +52,6 @@ int num_splits_for(const SparseMlaParams& p, int num_sms) {
 
 bool aligned(const void* ptr, int64_t bytes) { return reinterpret_cast<uintptr_t>(ptr) % uint64_t(bytes) == 0; }
 
-k::RowFormat row_format_of(KvFormat f) {
-  switch (f) {
-    case KvFormat::kFP8E4M3: return k::RowFormat::kFp8E4M3;
-    case KvFormat::kFP8DsMla: return k::RowFormat::kFp8DsMla;
-    case KvFormat::kNvFP4DsMla: return k::RowFormat::kNvFp4DsMla;
-    default: return k::RowFormat::kNative16;
-  }
-}
-
 // The current device as the variant table sees it (ordinal and compute capability; attribute
 // queries, no synchronization). No device: an empty DeviceInfo, which every variant refuses.
 DeviceInfo current_device() {
@@ -85,20 +76,21 @@ const CudaVariant& variant_for(const SparseMlaParams& p) {
 }
 
 // ---- the launches of kCudaVariants, in its order.
-using LaunchFn = void (*)(const k::KernelParams& kp, KvFormat format, bool fp16, cudaStream_t s);
+using LaunchFn = void (*)(const k::KernelParams& kp, KvFormat format, cudaStream_t s);
 
-void launch_h64_ws(const k::KernelParams& kp, KvFormat format, bool fp16, cudaStream_t s) {
+void launch_h64_ws(const k::KernelParams& kp, KvFormat format, cudaStream_t s) {
   switch (format) {
-    case KvFormat::kFP8E4M3: return k::launch_ws<ptx::Bf16, k::RowFormat::kFp8E4M3>(kp, s);
-    case KvFormat::kFP8DsMla: return k::launch_ws<ptx::Bf16, k::RowFormat::kFp8DsMla>(kp, s);
-    case KvFormat::kNvFP4DsMla: return k::launch_ws<ptx::Bf16, k::RowFormat::kNvFp4DsMla>(kp, s);
-    default: return fp16 ? k::launch_ws<ptx::Fp16>(kp, s) : k::launch_ws<ptx::Bf16>(kp, s);
+    case KvFormat::kFP8E4M3: return k::launch_ws<ptx::Bf16, KvFormat::kFP8E4M3>(kp, s);
+    case KvFormat::kFP8DsMla: return k::launch_ws<ptx::Bf16, KvFormat::kFP8DsMla>(kp, s);
+    case KvFormat::kNvFP4DsMla: return k::launch_ws<ptx::Bf16, KvFormat::kNvFP4DsMla>(kp, s);
+    case KvFormat::kFP16: return k::launch_ws<ptx::Fp16, KvFormat::kFP16>(kp, s);
+    case KvFormat::kBF16: return k::launch_ws<ptx::Bf16, KvFormat::kBF16>(kp, s);
   }
 }
 
-void launch_h64_ws_q8(const k::KernelParams& kp, KvFormat format, bool, cudaStream_t s) {
-  if (format == KvFormat::kFP8E4M3) k::launch_ws<ptx::Bf16, k::RowFormat::kFp8E4M3, true>(kp, s);
-  else if (format == KvFormat::kFP8DsMla) k::launch_ws<ptx::Bf16, k::RowFormat::kFp8DsMla, true>(kp, s);
+void launch_h64_ws_q8(const k::KernelParams& kp, KvFormat format, cudaStream_t s) {
+  if (format == KvFormat::kFP8E4M3) k::launch_ws<ptx::Bf16, KvFormat::kFP8E4M3, true>(kp, s);
+  else if (format == KvFormat::kFP8DsMla) k::launch_ws<ptx::Bf16, KvFormat::kFP8DsMla, true>(kp, s);
   else fail("h64.ws.q8 reads fp8 rows only");  // unreachable: its supports() refuses the others
 }
 
@@ -138,8 +130,7 @@ void sparse_mla(const SparseMlaParams& p, void* workspace, size_t workspace_byte
   kp.head_groups = k::head_groups_for(p.num_heads);
   kp.num_splits = splits;
   kp.topk = p.topk;
-  const k::RowFormat row_format = row_format_of(p.format);
-  kp.raw_chunks = k::raw_row_chunks(row_format, p.rope_dim);
+  kp.raw_chunks = k::raw_row_chunks(p.format, p.rope_dim);
   kp.k_steps = p.head_dim() / 16;
   kp.q = p.q;
   kp.q_stride_t = p.q_stride_t, kp.q_stride_h = p.q_stride_h;
@@ -175,7 +166,7 @@ void sparse_mla(const SparseMlaParams& p, void* workspace, size_t workspace_byte
 
   auto s = static_cast<cudaStream_t>(stream);
   const bool fp16 = p.q_dtype == DType::kFP16;
-  kLaunch[&variant - kCudaVariants](kp, p.format, fp16, s);
+  kLaunch[&variant - kCudaVariants](kp, p.format, s);
   cudaError_t e = cudaGetLastError();
   SMLA_CHECK(e == cudaSuccess, std::string("sparse MLA kernel launch failed: ") + cudaGetErrorString(e));
   if (splits > 1) {

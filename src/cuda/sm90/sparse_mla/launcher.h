@@ -9,9 +9,9 @@
 
 namespace smla::cuda::sm90::sparse_mla {
 
-// Head tile 64, warp-specialized; kRow: how cache rows are read (config.h; quantized formats
-// use Elem = ptx::Bf16); kQ8: an e4m3 q over fp8 rows (S on the fp8 tensor cores).
-template <typename Elem, RowFormat kRow = RowFormat::kNative16, bool kQ8 = false>
+// Head tile 64, warp-specialized, over rows of format kFormat (quantized formats use Elem =
+// ptx::Bf16); kQ8: an e4m3 q over fp8 rows (S on the fp8 tensor cores, score precision fp8).
+template <typename Elem, KvFormat kFormat, bool kQ8 = false>
 void launch_ws(const KernelParams& p, cudaStream_t stream);
 // The split-K merge, a programmatic dependent launch behind launch_ws.
 template <typename Elem>

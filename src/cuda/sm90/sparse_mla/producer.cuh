@@ -77,11 +77,11 @@ __device__ __forceinline__ void ws_produce(const KernelParams& p, WsConfig::Shar
 // Producer for the quantized formats: gathers each half's raw bytes with cp.async into its
 // staging area (StageLayout; fp8_ds_mla's bf16 RoPE straight to dim block 8) and signals the
 // half's "raw" mbarrier; consumer 1 dequantizes it in place (ws_convert_half).
-template <RowFormat kRow>
+template <KvFormat kFormat>
 __device__ __forceinline__ void ws_produce_quant(const KernelParams& p, WsConfig::SharedStorage& s, const WsBlock& w,
                                                  int wt) {
   using Cfg = WsConfig;
-  using L = StageLayout<kRow>;
+  using L = StageLayout<kFormat>;
   const int c = wt & 7, grp = wt >> 3;
   const uint32_t kv_base0 = ptx::smem_addr(s.kv[0]), kv_base1 = ptx::smem_addr(s.kv[1]);
   const bool rope = p.k_steps > kLatent / 16;
@@ -121,10 +121,10 @@ __device__ __forceinline__ void ws_produce_quant(const KernelParams& p, WsConfig
         const bool valid = ok && src_off < row_bytes;
         ptx::cp_async_16_zfill(dst + uint32_t(16 * k), valid ? row + src_off : row, valid);
       }
-      if constexpr (kRow == RowFormat::kFp8DsMla && kH == 1) {  // bf16 RoPE: straight to block 8
+      if constexpr (kFormat == KvFormat::kFP8DsMla && kH == 1) {  // bf16 RoPE: straight to block 8
         const bool valid = ok && rope;
         ptx::cp_async_16_zfill(base + uint32_t(8 * Cfg::kBlockBytes + r * Cfg::kAtomBytes + ((c ^ (r & 7)) << 4)),
-                               valid ? row + 528 + 16 * c : row, valid);
+                               valid ? row + row_layout(kFormat).rope_offset + 16 * c : row, valid);
       }
     }
   };
@@ -148,10 +148,10 @@ __device__ __forceinline__ void ws_produce_quant(const KernelParams& p, WsConfig
 // rows grp + 16 i; the row's e4m3 latent into blocks 0-3 of its stage, its RoPE into block 4
 // (fp8_e4m3: 64 e4m3 bytes, chunks 0-3; fp8_ds_mla: 128 bf16 bytes) and (fp8_ds_mla) its four
 // tile scales into ks. Masked entries are zero-filled, never read.
-template <RowFormat kRow>
+template <KvFormat kFormat>
 __device__ __forceinline__ void ws_produce_q8(const KernelParams& p, WsQ8Config::SharedStorage& s, const WsBlock& w,
                                               int wt) {
-  constexpr bool kDs = kRow == RowFormat::kFp8DsMla;
+  constexpr bool kDs = kFormat == KvFormat::kFP8DsMla;
   const int c = wt & 7, grp = wt >> 3;
   const bool rope = p.k_steps > kLatent / 16;
   int64_t off[4];
@@ -176,12 +176,12 @@ __device__ __forceinline__ void ws_produce_q8(const KernelParams& p, WsQ8Config:
 #pragma unroll
       for (int lb = 0; lb < 4; ++lb)
         ptx::cp_async_16_zfill(ptx::smem_addr(s.k[st][lb]) + dst, ok ? row + lb * 128 + 16 * c : row, ok);
-      const int rope_at = kDs ? 528 : 512;
+      constexpr int rope_at = row_layout(kFormat).rope_offset;
       if (kDs || c < 4) {
         const bool valid = ok && rope;
         ptx::cp_async_16_zfill(ptx::smem_addr(s.k[st][4]) + dst, valid ? row + rope_at + 16 * c : row, valid);
       }
-      if (kDs && c == 0) ptx::cp_async_16_zfill(ptx::smem_addr(s.ks[st][r]), ok ? row + 512 : row, ok);
+      if (kDs && c == 0) ptx::cp_async_16_zfill(ptx::smem_addr(s.ks[st][r]), ok ? row + row_layout(kFormat).scale_offset : row, ok);
     }
     ptx::cp_async_mbar_arrive(ws_bar(s.full[st]));
     if (tile + 1 < w.num_tiles) load_ids(tile + 1);

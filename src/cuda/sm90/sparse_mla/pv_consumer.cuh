@@ -26,21 +26,21 @@ __device__ __forceinline__ void issue_pv(WsSmem<kQ8>& s, int b, uint32_t p_addr,
 // 16-bit and quantized caches. The scorer's next tile is dequantized around this tile's P V:
 // dims 0-3 before it (the scorer's S starts there), dims 4-8 while it runs, so this tile's buffer
 // is released half a conversion earlier than with both halves first.
-template <typename Elem, RowFormat kRow>
+template <typename Elem, KvFormat kFormat>
 __device__ __forceinline__ void pv_loop(const KernelParams& p, WsConfig::SharedStorage& s, const WsBlock& w,
                                         const Frag& fr, float (&acc_o)[128]) {
-  constexpr bool kQuant = kRow != RowFormat::kNative16;
+  constexpr bool kQuant = kQuantized<kFormat>;
   const int n = w.num_tiles;
   if constexpr (kQuant) {
     if (n > 0) {
-      ws_convert<kRow, 0>(p, s, fr.wt, 0);
-      ws_convert<kRow, 1>(p, s, fr.wt, 0);
+      ws_convert<kFormat, 0>(p, s, fr.wt, 0);
+      ws_convert<kFormat, 1>(p, s, fr.wt, 0);
     }
   }
   for (int tile = 0; tile < n; ++tile) {
     const int b = tile & 1;
     if constexpr (kQuant) {
-      if (tile + 1 < n) ws_convert<kRow, 0>(p, s, fr.wt, tile + 1);
+      if (tile + 1 < n) ws_convert<kFormat, 0>(p, s, fr.wt, tile + 1);
     }
     bar_sync(bar_p(b), kConsumerThreads);
     ptx::mbar_arrive(ws_bar(s.empty[b][0]));  // never read here
@@ -48,7 +48,7 @@ __device__ __forceinline__ void pv_loop(const KernelParams& p, WsConfig::SharedS
     scale_o(acc_o, f);
     issue_pv<Elem, false>(s, b, ptx::smem_addr(s.kv[b][8]), acc_o);
     if constexpr (kQuant) {
-      if (tile + 1 < n) ws_convert<kRow, 1>(p, s, fr.wt, tile + 1);
+      if (tile + 1 < n) ws_convert<kFormat, 1>(p, s, fr.wt, tile + 1);
     }
     ptx::wgmma_wait<0>();
     ptx::fence_operands(acc_o);
@@ -59,14 +59,14 @@ __device__ __forceinline__ void pv_loop(const KernelParams& p, WsConfig::SharedS
 // The fp8 score path: V of tile + 1 is dequantized around this tile's P V: half 0 once the
 // scorer's P V of this tile is done with it (vempty), half 1 after this warpgroup's own; then the
 // stage is free (empty: S and both V halves are done with it).
-template <typename Elem, RowFormat kRow>
+template <typename Elem, KvFormat kFormat>
 __device__ __forceinline__ void pv_loop_q8(WsQ8Config::SharedStorage& s, const WsBlock& w, const Frag& fr,
                                            float (&acc_o)[128]) {
   const int n = w.num_tiles;
   if (n > 0) {
-    ws_convert_v<kRow, 0>(s, fr.wt, 0);
+    ws_convert_v<kFormat, 0>(s, fr.wt, 0);
     ptx::mbar_arrive(ws_bar(s.vfull));
-    ws_convert_v<kRow, 1>(s, fr.wt, 0);
+    ws_convert_v<kFormat, 1>(s, fr.wt, 0);
     ptx::mbar_arrive(ws_bar(s.empty[0]));
   }
   for (int tile = 0; tile < n; ++tile) {
@@ -77,13 +77,13 @@ __device__ __forceinline__ void pv_loop_q8(WsQ8Config::SharedStorage& s, const W
     issue_pv<Elem, true>(s, b, p_addr_of<true>(s, b), acc_o);
     if (tile + 1 < n) {
       ptx::mbar_wait(ws_bar(s.vempty), tile & 1);
-      ws_convert_v<kRow, 0>(s, fr.wt, tile + 1);
+      ws_convert_v<kFormat, 0>(s, fr.wt, tile + 1);
       ptx::mbar_arrive(ws_bar(s.vfull));
     }
     ptx::wgmma_wait<0>();
     ptx::fence_operands(acc_o);
     if (tile + 1 < n) {
-      ws_convert_v<kRow, 1>(s, fr.wt, tile + 1);
+      ws_convert_v<kFormat, 1>(s, fr.wt, tile + 1);
       ptx::mbar_arrive(ws_bar(s.empty[(tile + 1) & 1]));
     }
   }

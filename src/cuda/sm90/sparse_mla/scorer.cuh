@@ -46,7 +46,7 @@ __device__ __forceinline__ void issue_scores(WsConfig::SharedStorage& s, uint32_
 // is added times the rows' tile scales (acc_s for tile 0, then t_acc), the bf16 RoPE product last
 // (m64n64k16, Q's RoPE widened exactly). `pv_pending`: a P V group was committed before; it is
 // done when `release` runs. Returns with at most the last group in flight.
-template <typename Elem, RowFormat kRow, typename Release>
+template <typename Elem, KvFormat kFormat, typename Release>
 __device__ __forceinline__ void issue_scores_q8(WsQ8Config::SharedStorage& s, uint32_t q_base, int tq, int tile,
                                                 bool pv_pending, Release&& release, float (&acc_s)[32]) {
   using Cfg = WsConfig;
@@ -56,7 +56,7 @@ __device__ __forceinline__ void issue_scores_q8(WsQ8Config::SharedStorage& s, ui
   constexpr uint32_t kBlk = uint32_t(Cfg::kBlockBytes >> 4);
   ptx::mbar_wait(ws_bar(s.full[b]), (tile >> 1) & 1);
   ptx::wgmma_fence();
-  if constexpr (kRow == RowFormat::kFp8E4M3) {
+  if constexpr (kFormat == KvFormat::kFP8E4M3) {
 #pragma unroll
     for (int blk = 0; blk < 4; ++blk)
 #pragma unroll
@@ -238,7 +238,7 @@ __device__ __forceinline__ void fence_pv(float (&acc_o)[128], uint32_t (&a_p)[4]
 // S is done (consumer 1's P V releases them too), dims 0-3 after this P V. The next tile's S goes
 // behind this P V when its rows are all there; otherwise dims 0-3 are released first, so that the
 // next gather into this buffer never waits for the one before it.
-template <typename Elem, RowFormat kRow, bool kQ8>
+template <typename Elem, KvFormat kFormat, bool kQ8>
 __device__ __forceinline__ void score_loop(const KernelParams& p, WsSmem<kQ8>& s, const WsBlock& w, const Frag& fr,
                                            uint32_t q_base, float (&acc_o)[128], float (&m_run)[2],
                                            float (&l_run)[2]) {
@@ -251,7 +251,7 @@ __device__ __forceinline__ void score_loop(const KernelParams& p, WsSmem<kQ8>& s
   if (n > 0) {
     int ids[2];
     tile_ids(w, fr.lane, 0, ids);
-    if constexpr (kQ8) issue_scores_q8<Elem, kRow>(s, q_base, fr.tq, 0, false, [] {}, acc_s);
+    if constexpr (kQ8) issue_scores_q8<Elem, kFormat>(s, q_base, fr.tq, 0, false, [] {}, acc_s);
     else issue_scores<Elem>(s, q_base, 0, acc_s);
     if (fr.wt == 0) ws_stamp(p, phase::kTile0Landed);
     bits = valid_bits(p, fr.tq, ids);
@@ -295,7 +295,7 @@ __device__ __forceinline__ void score_loop(const KernelParams& p, WsSmem<kQ8>& s
     if (kQ8 && tile + 1 < n) {
       if constexpr (kQ8) {
         // The next tile's S behind this P V (the stage is not the V buffer: no landed test).
-        issue_scores_q8<Elem, kRow>(
+        issue_scores_q8<Elem, kFormat>(
             s, q_base, fr.tq, tile + 1, true,
             [&] {
               fence_pv(acc_o, a_p);
