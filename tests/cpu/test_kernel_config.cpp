@@ -5,6 +5,7 @@
 // warp-specialized kernel's setmaxnreg budget assumes.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <fstream>
@@ -40,10 +41,16 @@ T rd(const std::vector<uint8_t>& d, size_t off) {
   return v;
 }
 
-// Registers per kernel (EIATTR_REGCOUNT of each .nv.info section) of every sm_90a cubin embedded
-// uncompressed in `bytes` (nvcc object files in a static library): ELF64 images with e_machine 190.
-std::map<std::string, uint32_t> cubin_register_counts(const std::vector<uint8_t>& d) {
-  std::map<std::string, uint32_t> regs;
+struct KernelResources {
+  int64_t regs = -1;        // EIATTR_REGCOUNT
+  int64_t frame_bytes = 0;  // EIATTR_FRAME_SIZE / MIN_STACK_SIZE: local memory per thread (spills, stack arrays)
+};
+
+// Resources per kernel (the EIATTR_REGCOUNT / EIATTR_FRAME_SIZE entries of each .nv.info section)
+// of every sm_90a cubin embedded uncompressed in `bytes` (nvcc object files in a static library):
+// ELF64 images with e_machine 190.
+std::map<std::string, KernelResources> cubin_resources(const std::vector<uint8_t>& d) {
+  std::map<std::string, KernelResources> res;
   const uint8_t magic[4] = {0x7f, 'E', 'L', 'F'};
   for (size_t b = 0; b + 64 <= d.size(); ++b) {
     if (std::memcmp(d.data() + b, magic, 4) != 0 || d[b + 4] != 2 || rd<uint16_t>(d, b + 18) != 190) continue;
@@ -76,9 +83,11 @@ std::map<std::string, uint32_t> cubin_register_counts(const std::vector<uint8_t>
         const uint8_t fmt = d[o], attr = d[o + 1];
         if (fmt == 4) {  // EIFMT_SVAL: u16 size, then the value
           const uint16_t sz = rd<uint16_t>(d, o + 2);
-          if (attr == 0x2f && sz == 8) {  // EIATTR_REGCOUNT: symbol index, registers
-            const uint32_t sym = rd<uint32_t>(d, o + 4);
-            if (sym < syms.size()) regs[syms[sym]] = rd<uint32_t>(d, o + 8);
+          const uint32_t sym = rd<uint32_t>(d, o + 4);
+          if (sz == 8 && sym < syms.size() && syms[sym].rfind("_Z", 0) == 0) {  // (symbol index, value)
+            if (attr == 0x2f) res[syms[sym]].regs = rd<uint32_t>(d, o + 8);         // EIATTR_REGCOUNT
+            if (attr == 0x11 || attr == 0x12)  // EIATTR_FRAME_SIZE, EIATTR_MIN_STACK_SIZE
+              res[syms[sym]].frame_bytes = std::max<int64_t>(res[syms[sym]].frame_bytes, rd<uint32_t>(d, o + 8));
           }
           o += 4 + sz;
         } else {
@@ -88,7 +97,7 @@ std::map<std::string, uint32_t> cubin_register_counts(const std::vector<uint8_t>
     }
     b += 63;
   }
-  return regs;
+  return res;
 }
 
 }  // namespace
@@ -97,20 +106,24 @@ std::map<std::string, uint32_t> cubin_register_counts(const std::vector<uint8_t>
 // warp-specialized kernel's budget (WsConfig: scorer, consumer and producer registers) holds only
 // when ptxas allocated exactly kLaunchRegs per thread at launch; with any other allocation the
 // consumers wait forever (a hang, not an error). __launch_bounds__(384, 1) gives ptxas that cap;
-// this test fails CI if a change makes it allocate anything else.
-TEST(KernelConfig, WarpSpecializedKernelsHaveTheirLaunchRegisters) {
+// this test fails CI if a change makes it allocate anything else, or if any kernel of the library
+// uses local memory (a register spill: STYLE.md, a defect in a release kernel).
+TEST(KernelConfig, KernelsHaveTheirRegistersAndNoSpills) {
 #ifndef SMLA_CUDA_LIBRARY
   GTEST_SKIP() << "CPU-only build: no CUDA kernels compiled";
 #else
   std::ifstream f(SMLA_CUDA_LIBRARY, std::ios::binary);
   ASSERT_TRUE(f.good()) << "cannot read " << SMLA_CUDA_LIBRARY;
   const std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  int ws_kernels = 0;
-  for (const auto& [name, regs] : cubin_register_counts(bytes)) {
+  int ws_kernels = 0, kernels = 0;
+  for (const auto& [name, r] : cubin_resources(bytes)) {
+    ++kernels;
+    EXPECT_EQ(r.frame_bytes, 0) << name << ": local memory (spills)";
     if (name.find("sparse_mla_ws_kernel") == std::string::npos) continue;
     ++ws_kernels;
-    EXPECT_EQ(regs, uint32_t(k::WsConfig::kLaunchRegs)) << name;
+    EXPECT_EQ(r.regs, k::WsConfig::kLaunchRegs) << name;
   }
+  EXPECT_GE(kernels, ws_kernels);
   EXPECT_GE(ws_kernels, 1) << "no warp-specialized kernel found in the sm_90a cubins of " << SMLA_CUDA_LIBRARY
                            << " (a compressed fatbin? this test reads uncompressed cubins)";
 #endif

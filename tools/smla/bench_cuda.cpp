@@ -187,6 +187,8 @@ int bench_cuda(const Args& a) {
   // --phases: stamp kernels around each call and phase stamps inside (adds two tiny launches to
   // every timed call), printed per case.
   const bool phases = a.has("phases");
+  SMLA_CHECK(!phases || cuda::phase::kEnabled,
+             "--phases needs the kernels' phase stamps: configure with -DSMLA_PHASE_TIMER=ON and rebuild");
   // --graph: also time the calls captured into one CUDA graph (per-call mean, printed per case).
   const bool graph = a.has("graph");
   const KvFormat fmt = parse_kv_format(a.get("format", "bf16"));

@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "cli.h"
+#include "cuda/common/phase.h"
 #include "smla/api.h"
 #include "smla/formats.h"
 
@@ -18,7 +19,8 @@ int cmd_info(const Args& a) {
   g.sink = a.has("sink");
   g.score_precision = parse_score_precision(a.get("score", "bf16"));
 
-  std::printf("smla %s  (C++20; CUDA backend: %s)\n", "0.1.0", built_with_cuda() ? "built (sm_90a)" : "not built");
+  std::printf("smla %s  (C++20; CUDA backend: %s%s)\n", "0.1.0", built_with_cuda() ? "built (sm_90a)" : "not built",
+              cuda::phase::kEnabled ? "; phase timer compiled in" : "");
   const DeviceInfo dev = first_cuda_device();
   if (dev.present())
     std::printf("device 0: %s, sm_%d%d, %d SMs, %zu KiB shared memory per block\n", dev.name.c_str(), dev.cc_major,

@@ -36,9 +36,13 @@ __global__ void __launch_bounds__(128) combine_kernel(const __grid_constant__ Ke
   const int h = int(th - t * p.num_heads);
   const int S = p.num_splits;
   const int d = threadIdx.x * 4;
+#if SMLA_PHASE_TIMER
   uint64_t* const stamps = p.phase != nullptr && threadIdx.x == 0 && blockIdx.x < phase::kMergeBlocks
                                ? p.phase + phase::kMergeBase + blockIdx.x * phase::kMergeEvents
                                : nullptr;
+#else
+  uint64_t* const stamps = nullptr;  // phase stamps compiled out (cuda/common/phase.h)
+#endif
   if (stamps != nullptr) stamps[phase::kMergeEntry] = ptx::globaltimer();
   ptx::pdl_wait();  // the partials of the attention grid (a no-op unless launched with PDL)
   if (stamps != nullptr) stamps[phase::kMergeWaited] = ptx::globaltimer();

@@ -61,7 +61,9 @@ struct KernelParams {
   float* part_out;  // [T, H, num_splits, 512] fp32
   float* part_lse;  // [T, H, num_splits] fp32
 
+#if SMLA_PHASE_TIMER
   uint64_t* phase;  // nullable: %globaltimer stamps for `smla bench --phases` (cuda/common/phase.h)
+#endif
 };
 
 inline constexpr int kLatent = 512;

@@ -42,6 +42,13 @@ __device__ __forceinline__ void ws_consume(const KernelParams& p, WsSmem<kQ8>& s
   else if constexpr (kQ8) pv_loop_q8<Elem, kFormat>(s, w, fr, acc_o);
   else pv_loop<Elem, kFormat>(p, s, w, fr, acc_o);
   if (wt == 0) ws_stamp(p, kWg == 0 ? phase::kLoopDone : phase::kLoopDone1);
+#if !SMLA_PHASE_TIMER
+  // Without the phase stamp here, ptxas allocates consumer 1 of the fp8_ds_mla kernel (216
+  // registers: O, and a dequantization batch while its P V runs) with an 8-byte spill; one
+  // thread's CTA fence after the loop (a few cycles per block, outside the tile loop) keeps every
+  // kernel spill-free. tests/cpu/test_kernel_config.cpp holds every kernel to no local memory.
+  if (kWg == 1 && wt == 0) __threadfence_block();
+#endif
   store_o<Elem, kWg, kQ8>(p, s, w, fr, acc_o, m_run, l_run);
 }
 

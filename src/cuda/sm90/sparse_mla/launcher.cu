@@ -162,7 +162,9 @@ void sparse_mla(const SparseMlaParams& p, void* workspace, size_t workspace_byte
     kp.part_out = static_cast<float*>(workspace);
     kp.part_lse = kp.part_out + p.num_tokens * p.num_heads * splits * kLatentDim;
   }
+#if SMLA_PHASE_TIMER
   kp.phase = phase::buffer();
+#endif
 
   auto s = static_cast<cudaStream_t>(stream);
   const bool fp16 = p.q_dtype == DType::kFP16;

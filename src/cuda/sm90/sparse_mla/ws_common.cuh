@@ -63,11 +63,16 @@ __device__ __forceinline__ int swizzle(int r, int ch) { return ch ^ (r & 7); }
 
 __device__ __forceinline__ uint32_t ws_bar(uint64_t& b) { return ptx::smem_addr(&b); }
 
-// A phase stamp (cuda/common/phase.h) of this block; the caller picks one thread.
+// A phase stamp (cuda/common/phase.h) of this block; the caller picks one thread. Nothing unless
+// the build has SMLA_PHASE_TIMER.
 __device__ __forceinline__ void ws_stamp(const KernelParams& p, int event) {
+#if SMLA_PHASE_TIMER
   const uint32_t block = blockIdx.z * gridDim.x + blockIdx.x;
   if (p.phase != nullptr && block < uint32_t(phase::kAttnBlocks))
     p.phase[block * phase::kAttnEvents + event] = ptx::globaltimer();
+#else
+  (void)p, (void)event;
+#endif
 }
 
 namespace ws {
