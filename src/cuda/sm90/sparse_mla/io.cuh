@@ -8,13 +8,14 @@
 
 namespace smla::cuda::sm90::sparse_mla {
 
-// q of head h, 8 elements starting at element e (e < 512: latent; else RoPE, from q_rope when q
-// comes as the (latent, RoPE) pair), as a pointer to elements of type T.
-template <typename T>
-__device__ __forceinline__ const T* q_src(const KernelParams& p, const WsBlock& w, int h, int e) {
-  return (e < kLatent || p.q_rope == nullptr)
-             ? static_cast<const T*>(p.q) + w.t * p.q_stride_t + h * p.q_stride_h + e
-             : static_cast<const T*>(p.q_rope) + w.t * p.q_rope_stride_t + h * p.q_rope_stride_h + (e - kLatent);
+// q of head h from unit u of kUnit elements on (u < 512 / kUnit: latent; else RoPE, from q_rope
+// when q comes as the (latent, RoPE) pair), as a pointer to elements of type T.
+template <typename T, int kUnit>
+__device__ __forceinline__ const T* q_src(const KernelParams& p, const WsBlock& w, int h, int u) {
+  return (u < kLatent / kUnit || p.q_rope == nullptr)
+             ? static_cast<const T*>(p.q) + w.t * p.q_stride_t + h * p.q_stride_h + u * kUnit
+             : static_cast<const T*>(p.q_rope) + w.t * p.q_rope_stride_t + h * p.q_rope_stride_h +
+                   (u - kLatent / kUnit) * kUnit;
 }
 
 // 8 e4m3 bytes of q (8-byte loads when q_vec16, else byte loads).
@@ -44,7 +45,7 @@ __device__ __forceinline__ void load_q(const KernelParams& p, WsSmem<kQ8>& s, co
       const int hr = gi / kGroups, e = 8 * (gi - hr * kGroups);
       const int h = w.head0 + hr;
       uint32_t lo = 0, hi = 0;
-      if (h < p.num_heads && e < 8 * q_groups) ld_q_e4m3x8(p, q_src<uint8_t>(p, w, h, e), lo, hi);
+      if (h < p.num_heads && e < 8 * q_groups) ld_q_e4m3x8(p, q_src<uint8_t, 1>(p, w, h, e), lo, hi);
       const uint32_t row = q_base + uint32_t(hr * 128);
       if (e < kLatent) {
         const uint32_t dst = row + uint32_t((e >> 7) * Cfg::kBlockBytes + ((((e & 127) >> 4) ^ (hr & 7)) << 4) + (e & 8));
@@ -74,12 +75,12 @@ __device__ __forceinline__ void load_q(const KernelParams& p, WsSmem<kQ8>& s, co
       if constexpr (kFormat == KvFormat::kFP8E4M3 || kFormat == KvFormat::kFP8DsMla) {
         if (p.q_e4m3) {  // e4m3 -> bf16 exactly (q_scale is in scale_log2)
           uint32_t lo = 0, hi = 0;
-          ld_q_e4m3x8(p, q_src<uint8_t>(p, w, h, ch * 8), lo, hi);
+          ld_q_e4m3x8(p, q_src<uint8_t, 8>(p, w, h, ch), lo, hi);
           ptx::st_shared_v4(dst, dq::e4m3x8_fast(lo, hi).w);
           continue;
         }
       }
-      const uint16_t* src = q_src<uint16_t>(p, w, h, ch * 8);
+      const uint16_t* src = q_src<uint16_t, 8>(p, w, h, ch);
       if (p.q_vec16) {
         ptx::cp_async_16(dst, src);
       } else {
