@@ -35,7 +35,8 @@ struct KernelParams {
   const void* q_rope;  // nullable: [T, H, 64] 16-bit; strides q_rope_stride_*
   int64_t q_rope_stride_t, q_rope_stride_h;
   bool q_vec16;        // q / q_rope pointers and strides allow 16-byte loads (8-byte for an e4m3 q)
-  bool q_e4m3;         // q / q_rope hold e4m3 (fp8_e4m3 cache only): widened to bf16 exactly on load
+  bool q_e4m3;         // q / q_rope hold e4m3 (the fp8 caches): widened to bf16 exactly on load, or read as
+                       // it is by the fp8 score path
 
   const uint8_t* kv;   // row r at kv + r * kv_row_stride_bytes (16-byte aligned); nullable if num_rows == 0
   int64_t kv_row_stride_bytes;
