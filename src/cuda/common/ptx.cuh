@@ -66,6 +66,27 @@ struct Fp16 {
   }
 };
 
+// ---- conversions (pure: plain asm, the compiler may move or drop them).
+// 4 e4m3 bytes of w -> 4 f16 in two f16x2 registers (h0: bytes 0-1, h1: bytes 2-3), exact.
+__device__ __forceinline__ void cvt_e4m3x4_f16x2(uint32_t w, uint32_t& h0, uint32_t& h1) {
+  asm("{\n.reg .b16 a, b;\nmov.b32 {a, b}, %2;\ncvt.rn.f16x2.e4m3x2 %0, a;\ncvt.rn.f16x2.e4m3x2 %1, b;\n}\n"
+      : "=r"(h0), "=r"(h1)
+      : "r"(w));
+}
+// Two f16x2 registers -> 4 f32, exact.
+__device__ __forceinline__ void cvt_f16x4_f32(uint32_t h0, uint32_t h1, float (&f)[4]) {
+  asm("{\n.reg .b16 a, b, c, d;\nmov.b32 {a, b}, %4;\nmov.b32 {c, d}, %5;\n"
+      "cvt.f32.f16 %0, a;\ncvt.f32.f16 %1, b;\ncvt.f32.f16 %2, c;\ncvt.f32.f16 %3, d;\n}\n"
+      : "=f"(f[0]), "=f"(f[1]), "=f"(f[2]), "=f"(f[3])
+      : "r"(h0), "r"(h1));
+}
+// a * b lane-wise on two bf16 pairs, round to nearest even.
+__device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
+  uint32_t r;
+  asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+}
+
 __device__ __forceinline__ float fast_exp2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
