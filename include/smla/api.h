@@ -27,10 +27,10 @@ DeviceInfo cuda_device(int ordinal);
 
 // Why `backend` cannot run g here (on CUDA device `device`), or OK.
 Support backend_support(Backend backend, const Geometry& g, int device = 0);
-Geometry geometry_of(const SparseMlaParams& p);
-// The CUDA kernel a problem of geometry g runs on, "<format>_d<D>/<variant>" (variant after the
-// launcher's SMLA_SM90_* switches, e.g. "bf16_d576/h64.ws"); the format part alone without CUDA.
-std::string cuda_kernel_for(const Geometry& g);
+// The CUDA kernel that runs g on dev (default: any SM90 GPU), "sm90/sparse_mla/<format>_d<D>/<variant>"
+// (the first variant of the table that supports g, e.g. ".../bf16_d576/h64.ws"); the format part
+// alone when no variant does.
+std::string cuda_kernel_for(const Geometry& g, const DeviceInfo& dev = any_sm90_device());
 
 // Runs p whose pointers are HOST memory on the chosen backend (the CUDA path copies to and from
 // the device and synchronizes). kv_bytes: size of the buffer p.kv points to.

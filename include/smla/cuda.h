@@ -19,16 +19,12 @@ DeviceInfo device_info(int ordinal = 0);
 // with num_sms SMs (choose_num_splits over the kernel's blocks per row).
 int sparse_mla_auto_splits(const SparseMlaParams& p, int num_sms);
 
-// Which SM90 kernel variant sparse_mla runs for p ("h64.ws": warp-specialized, 64-head groups;
-// "h16.mma" / "h32.mma" / "h64.mma": the mma.sync kernel's head tile), after the SMLA_SM90_*
-// switches of the launcher (README). For labels and logs.
-std::string sparse_mla_variant(const SparseMlaParams& p);
-
 // Workspace bytes a launch of p needs with `num_splits` pieces per row (0: the automatic choice).
 size_t sparse_mla_workspace_bytes(const SparseMlaParams& p, int num_sms, int num_splits = 0);
 
-// Launches DESIGN.md §1 on `stream`. Every pointer in p is a device pointer. Validates p on the
-// host (throws Error before any launch); never allocates and never synchronizes. num_splits > 0
+// Launches DESIGN.md §1 on `stream` with the first variant of smla/support.h's table that supports
+// p's geometry (p.score_precision chooses the score path). Every pointer in p is a device pointer.
+// Validates p on the host (throws Error before any launch); never allocates and never synchronizes. num_splits > 0
 // fixes the split of every row's top-k (a plan's schedule; the batch-invariant mode); 0 lets the
 // launcher choose from T.
 void sparse_mla(const SparseMlaParams& p, void* workspace, size_t workspace_bytes, void* stream,

@@ -51,6 +51,9 @@ struct SparseMlaParams {
   int64_t lse_stride_t = 0;
   LseMode lse_mode = LseMode::kBaseE;  // ignored when lse is null
 
+  // ---- kernel option
+  ScorePrecision score_precision = ScorePrecision::kBF16;  // kFP8: an e4m3 q with an fp8 cache only
+
   int head_dim() const { return kLatentDim + rope_dim; }
 };
 

@@ -1,9 +1,15 @@
 // smla/support.h — what each backend supports, answered as OK or one sentence that names what
-// is unsupported and what to use instead (the seed's supports_combination is the model).
+// is unsupported and what to use instead (the seed's supports_combination is the model), and the
+// CUDA backend's variant table: which kernel runs a geometry, and why.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
+#include <span>
 #include <string>
 
+#include "smla/params.h"
+#include "smla/plan.h"
 #include "smla/types.h"
 
 namespace smla {
@@ -17,7 +23,11 @@ struct Geometry {
   int topk = 2048;          // capacity K
   LseMode lse_mode = LseMode::kBaseE;
   bool sink = false;
+  ScorePrecision score_precision = ScorePrecision::kBF16;  // kFP8: an e4m3 q with an fp8 cache
 };
+
+// The geometry of one call (LSE off when p.lse is null).
+Geometry geometry_of(const SparseMlaParams& p);
 
 struct DeviceInfo {
   int ordinal = -1;
@@ -33,13 +43,49 @@ struct Support {
   bool ok() const { return reason.empty(); }
 };
 
-// Shared geometry rules (heads, D, dtypes, format pairing).
+// Shared geometry rules (heads, D, dtypes, format pairing, score precision).
 Support support_common(const Geometry& g);
-// The CPU reference backend: everything support_common accepts.
+// The CPU reference backend: everything support_common accepts (it sums every product in float64,
+// whatever the score precision asks).
 Support support_cpu(const Geometry& g);
-// The CUDA backend on `dev`, given whether this build contains the CUDA kernels.
+
+// ---- the CUDA sparse MLA variant table (DESIGN.md §6)
+// One kernel variant: what it supports (with the reason when not), the workspace it needs, and,
+// in the CUDA layer (cuda/sm90/sparse_mla/launcher.cu, in the same order), its launch. support(),
+// `smla info`, the planner, the launcher and the tests all read this table.
+struct CudaVariant {
+  const char* name;                // "h64.ws": kernel names, `smla info`, bench records
+  ScorePrecision score_precision;  // the score path it implements
+  const char* notes;               // what it is, how accurate
+  Support (*supports)(const Geometry& g, const DeviceInfo& dev);
+  size_t (*workspace)(int64_t num_tokens, int num_heads, int num_splits);  // bytes (split-K scratch)
+};
+
+Support supports_sm90_ws(const Geometry& g, const DeviceInfo& dev);
+Support supports_sm90_ws_q8(const Geometry& g, const DeviceInfo& dev);
+
+// In the order they are tried; the first whose supports() is OK runs.
+inline constexpr CudaVariant kCudaVariants[] = {
+    {"h64.ws", ScorePrecision::kBF16,
+     "warp-specialized wgmma kernel, 64-head groups (heads past H zero-padded); quantized rows dequantized to "
+     "bf16 in shared memory, an e4m3 q widened to bf16 exactly; fp32 sums (DESIGN.md §8: LSE within 1e-3)",
+     supports_sm90_ws, split_workspace_bytes},
+    {"h64.ws.q8", ScorePrecision::kFP8,
+     "h64.ws with S = q·k on the fp8 tensor cores from the raw e4m3 rows (6-19% faster); exact products summed "
+     "with fewer bits than fp32: LSE within ~1e-2 of the reference, not 1e-3 (DESIGN.md §8's fp8-product bar)",
+     supports_sm90_ws_q8, split_workspace_bytes},
+};
+inline std::span<const CudaVariant> cuda_variants() { return kCudaVariants; }
+
+// The variant that runs g on dev: the first that supports it; nullptr when none does
+// (support_cuda says why).
+const CudaVariant* cuda_variant_for(const Geometry& g, const DeviceInfo& dev);
+// The CUDA backend on `dev`, given whether this build contains the CUDA kernels: OK when a
+// variant runs g, else the reason of the variant of g's score precision.
 Support support_cuda(const Geometry& g, const DeviceInfo& dev, bool built_with_cuda);
-// Name of the CUDA kernel that would run g (for `smla info`), or "" when none.
+// An SM90 device with nothing else known (what `smla info` asks about without a GPU).
+DeviceInfo any_sm90_device();
+// "sm90/sparse_mla/<format>_d<D>": the kernel family of g, without the variant.
 std::string cuda_kernel_name(const Geometry& g);
 
 }  // namespace smla

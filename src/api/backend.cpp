@@ -46,26 +46,9 @@ DeviceInfo cuda_device(int ordinal) {
 #endif
 }
 
-Geometry geometry_of(const SparseMlaParams& p) {
-  Geometry g;
-  g.num_heads = p.num_heads;
-  g.rope_dim = p.rope_dim;
-  g.format = p.format;
-  g.q_dtype = p.q_dtype;
-  g.topk = p.topk;
-  g.lse_mode = p.lse ? p.lse_mode : LseMode::kOff;
-  g.sink = p.sink != nullptr;
-  return g;
-}
-
-std::string cuda_kernel_for(const Geometry& g) {
-  std::string name = cuda_kernel_name(g);
-#if SMLA_HAVE_CUDA
-  SparseMlaParams p;
-  p.num_heads = g.num_heads, p.format = g.format, p.q_dtype = g.q_dtype, p.rope_dim = g.rope_dim;
-  name += "/" + cuda::sparse_mla_variant(p);
-#endif
-  return name;
+std::string cuda_kernel_for(const Geometry& g, const DeviceInfo& dev) {
+  const CudaVariant* v = cuda_variant_for(g, dev);
+  return cuda_kernel_name(g) + (v != nullptr ? "/" + std::string(v->name) : std::string());
 }
 
 Support backend_support(Backend backend, const Geometry& g, int device) {

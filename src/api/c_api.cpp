@@ -92,6 +92,10 @@ smla_status smla_plan_create(const smla_plan_config* cfg, smla_plan** out_plan) 
     pc.geometry.topk = cfg->topk;
     pc.geometry.lse_mode = to_lse(cfg->lse_mode);
     pc.geometry.sink = cfg->sink != 0;
+    SMLA_CHECK(cfg->score_precision == SMLA_SCORE_BF16 || cfg->score_precision == SMLA_SCORE_FP8,
+               "score_precision must be SMLA_SCORE_BF16 or SMLA_SCORE_FP8; got " + std::to_string(cfg->score_precision));
+    pc.geometry.score_precision =
+        cfg->score_precision == SMLA_SCORE_FP8 ? smla::ScorePrecision::kFP8 : smla::ScorePrecision::kBF16;
     pc.batch_invariant = cfg->batch_invariant != 0;
     SMLA_CHECK(cfg->backend == SMLA_BACKEND_CPU || cfg->backend == SMLA_BACKEND_CUDA,
                "backend must be SMLA_BACKEND_CPU or SMLA_BACKEND_CUDA");
@@ -130,6 +134,7 @@ smla_status smla_run(const smla_plan* plan, const smla_run_args* a, void* worksp
     p.out = a->out, p.out_stride_t = a->out_stride_t, p.out_stride_h = a->out_stride_h;
     p.out_dtype = to_dtype(a->out_dtype, "out_dtype");
     p.lse = a->lse, p.lse_stride_t = a->lse_stride_t, p.lse_mode = g.lse_mode;
+    p.score_precision = g.score_precision;
     plan->plan.run(p, workspace, workspace_bytes, stream);
   });
 }

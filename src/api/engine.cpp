@@ -32,7 +32,11 @@ Plan::Plan(const PlanConfig& cfg) : cfg_(cfg) {
   // Each bucket's split is fixed here, at plan time: a run of T rows uses the split of the
   // smallest bucket >= T, so a captured graph replays exactly the schedule it was captured with.
   // The CPU backend never splits.
-  if (cfg.backend == Backend::kCuda) num_sms_ = cuda_device(cfg.device).num_sms;
+  const DeviceInfo dev = cfg.backend == Backend::kCuda ? cuda_device(cfg.device) : DeviceInfo{};
+  num_sms_ = dev.num_sms;
+  // The variant that will run every call of the plan (support passed: there is one).
+  const CudaVariant* variant = cfg.backend == Backend::kCuda ? cuda_variant_for(cfg.geometry, dev) : nullptr;
+  (void)variant;  // (read by the CUDA backend only)
   for (int64_t b : buckets) {
     Schedule sc;
     sc.bucket = b;
@@ -44,7 +48,7 @@ Plan::Plan(const PlanConfig& cfg) : cfg_(cfg) {
       sc.num_splits = cfg.batch_invariant ? batch_invariant_splits(cfg.geometry.topk)
                                           : cuda::sparse_mla_auto_splits(p, num_sms_);
       // Scratch of the bucket's largest run (every T in the bucket uses this split).
-      workspace_bytes_ = std::max(workspace_bytes_, split_workspace_bytes(b, cfg.geometry.num_heads, sc.num_splits));
+      workspace_bytes_ = std::max(workspace_bytes_, variant->workspace(b, cfg.geometry.num_heads, sc.num_splits));
     }
 #endif
     schedules_.push_back(sc);
@@ -68,6 +72,9 @@ void Plan::check(const SparseMlaParams& p, size_t workspace_bytes) const {
                                        std::string(to_string(g.format)));
   SMLA_CHECK(p.q_dtype == g.q_dtype, "q dtype " + std::string(to_string(p.q_dtype)) + " but the plan was made for " +
                                          std::string(to_string(g.q_dtype)));
+  SMLA_CHECK(p.score_precision == g.score_precision,
+             "score precision " + std::string(to_string(p.score_precision)) + " but the plan was made for " +
+                 std::string(to_string(g.score_precision)));
   SMLA_CHECK(p.topk <= g.topk, "K = " + s(p.topk) + " exceeds the planned capacity " + s(g.topk));
   // An empty call may pass null for its empty tensors; only non-empty calls must match pointers.
   const bool lse_on = p.lse != nullptr && p.lse_mode != LseMode::kOff;

@@ -2,6 +2,8 @@
 
 #include <string>
 
+#include "smla/formats.h"
+
 namespace smla {
 
 Support support_common(const Geometry& g) {
@@ -19,30 +21,87 @@ Support support_common(const Geometry& g) {
     return {"a bf16 q with an fp16 cache is not supported; cast q to fp16 or store the cache as bf16"};
   if (g.q_dtype == DType::kFP16 && g.format == KvFormat::kBF16)
     return {"an fp16 q with a bf16 cache is not supported; cast q to bf16 or store the cache as fp16"};
+  if (g.score_precision == ScorePrecision::kFP8 && g.q_dtype != DType::kE4M3)
+    return {"score precision fp8 multiplies an e4m3 q with fp8 rows; got a " + std::string(to_string(g.q_dtype)) +
+            " q with a " + std::string(to_string(g.format)) +
+            " cache: use score precision bf16, or an e4m3 q with fp8_e4m3 / fp8_ds_mla"};
   return {};
 }
 
 Support support_cpu(const Geometry& g) { return support_common(g); }
 
-Support support_cuda(const Geometry& g, const DeviceInfo& dev, bool built_with_cuda) {
-  if (!built_with_cuda) return {"this build of smla has no CUDA backend (nvcc was not found); use the CPU backend"};
+Geometry geometry_of(const SparseMlaParams& p) {
+  Geometry g;
+  g.num_heads = p.num_heads;
+  g.rope_dim = p.rope_dim;
+  g.format = p.format;
+  g.q_dtype = p.q_dtype;
+  g.topk = p.topk;
+  g.lse_mode = p.lse ? p.lse_mode : LseMode::kOff;
+  g.sink = p.sink != nullptr;
+  g.score_precision = p.score_precision;
+  return g;
+}
+
+namespace {
+
+Support sm90_device(const DeviceInfo& dev) {
   if (!dev.present()) return {"no CUDA device found; use the CPU backend"};
   if (dev.cc_major != 9 || dev.cc_minor != 0)
     return {"smla's CUDA kernels are built for SM90 (H100/H200); found sm_" + std::to_string(dev.cc_major) +
             std::to_string(dev.cc_minor) + " (" + dev.name + "); use the CPU backend"};
+  return {};
+}
+
+// What every SM90 variant needs: the device, the shared rules, and the kernel's own limits.
+Support sm90_common(const Geometry& g, const DeviceInfo& dev) {
+  if (auto s = sm90_device(dev); !s.ok()) return s;
   if (auto s = support_common(g); !s.ok()) return s;
-  const bool quantized = g.format != KvFormat::kBF16 && g.format != KvFormat::kFP16;
-  if (quantized && g.q_dtype == DType::kFP16)
+  if (format_is_quantized(g.format) && g.q_dtype == DType::kFP16)
     return {"the SM90 kernel reads the " + std::string(to_string(g.format)) +
-            " cache with a bf16 q (or e4m3 for the fp8 caches), not fp16; cast q to bf16 or use the CPU backend"};
+            " cache with a bf16 q (or an e4m3 q for the fp8 caches); got an fp16 q: cast q to bf16 or use the CPU "
+            "backend"};
   if (g.num_heads > kMaxNativeHeads)
     return {"H = " + std::to_string(g.num_heads) +
             " exceeds the 128 heads one call handles; call once per group of <= 128 heads"};
   return {};
 }
 
-// "sm90/sparse_mla/<format>_d<D>": bf16 / fp16 rows as stored; the quantized formats dequantized
-// to bf16 in shared memory (mma.sync kernel for every head tile).
+}  // namespace
+
+Support supports_sm90_ws(const Geometry& g, const DeviceInfo& dev) {
+  if (auto s = sm90_common(g, dev); !s.ok()) return s;
+  if (g.score_precision != ScorePrecision::kBF16) return {"h64.ws computes the scores in bf16, not fp8"};
+  return {};
+}
+
+Support supports_sm90_ws_q8(const Geometry& g, const DeviceInfo& dev) {
+  if (auto s = sm90_common(g, dev); !s.ok()) return s;
+  if (g.score_precision != ScorePrecision::kFP8) return {"h64.ws.q8 computes the scores in fp8, not bf16"};
+  // (support_common: score precision fp8 comes with an e4m3 q, and an e4m3 q with an fp8 cache.)
+  return {};
+}
+
+const CudaVariant* cuda_variant_for(const Geometry& g, const DeviceInfo& dev) {
+  for (const CudaVariant& v : cuda_variants())
+    if (v.supports(g, dev).ok()) return &v;
+  return nullptr;
+}
+
+Support support_cuda(const Geometry& g, const DeviceInfo& dev, bool built_with_cuda) {
+  if (!built_with_cuda) return {"this build of smla has no CUDA backend (nvcc was not found); use the CPU backend"};
+  if (cuda_variant_for(g, dev) != nullptr) return {};
+  for (const CudaVariant& v : cuda_variants())
+    if (v.score_precision == g.score_precision) return v.supports(g, dev);
+  return {"no CUDA kernel computes the scores in " + std::string(to_string(g.score_precision))};
+}
+
+DeviceInfo any_sm90_device() {
+  DeviceInfo d;
+  d.cc_major = 9, d.cc_minor = 0, d.name = "an SM90 GPU";
+  return d;
+}
+
 std::string cuda_kernel_name(const Geometry& g) {
   return std::string("sm90/sparse_mla/") + std::string(to_string(g.format)) + "_d" +
          std::to_string(kLatentDim + g.rope_dim);

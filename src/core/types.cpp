@@ -34,6 +34,8 @@ std::string_view to_string(LseMode m) {
   return "?";
 }
 
+std::string_view to_string(ScorePrecision s) { return s == ScorePrecision::kFP8 ? "fp8" : "bf16"; }
+
 int dtype_bytes(DType t) {
   switch (t) {
     case DType::kBF16:
@@ -64,6 +66,12 @@ DType parse_dtype(std::string_view n) {
   if (n == "u8") return DType::kU8;
   if (n == "i32") return DType::kI32;
   fail("unknown dtype '" + std::string(n) + "'; use one of bf16, fp16, f32, e4m3, u8, i32");
+}
+
+ScorePrecision parse_score_precision(std::string_view n) {
+  if (n == "bf16") return ScorePrecision::kBF16;
+  if (n == "fp8") return ScorePrecision::kFP8;
+  fail("unknown score precision '" + std::string(n) + "'; use bf16 or fp8");
 }
 
 }  // namespace smla

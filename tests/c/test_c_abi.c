@@ -97,6 +97,14 @@ int main(void) {
   EXPECT(smla_plan_create(&odd, &p2) == SMLA_ERROR_UNSUPPORTED && p2 == NULL);
   EXPECT(strstr(smla_last_error(), "576") != NULL);
 
+  /* fp8 scores need an e4m3 q with an fp8 cache; an unknown precision is a bad argument. */
+  odd = cfg;
+  odd.score_precision = SMLA_SCORE_FP8;
+  EXPECT(smla_plan_create(&odd, &p2) == SMLA_ERROR_UNSUPPORTED && p2 == NULL);
+  EXPECT(strstr(smla_last_error(), "score precision fp8") != NULL);
+  odd.score_precision = 7;
+  EXPECT(smla_plan_create(&odd, &p2) == SMLA_ERROR_INVALID_ARGUMENT && p2 == NULL);
+  EXPECT(strstr(smla_last_error(), "score_precision") != NULL);
   /* HiSparse tiered cache on the CPU backend: K = 3, R = 4 (slots 0..2, 3 the newest), one request. */
   {
     smla_tiered_config tcfg;

@@ -128,6 +128,41 @@ TEST(Support, CudaAnswersEveryGeometryWithOkOrAReason) {
       }
 }
 
+TEST(Support, Fp8ScoresNeedAnE4m3QWithAnFp8Cache) {
+  const auto h200 = device(9, 0, "NVIDIA H200");
+  EXPECT_EQ(smla::parse_score_precision("bf16"), smla::ScorePrecision::kBF16);
+  EXPECT_EQ(smla::parse_score_precision("fp8"), smla::ScorePrecision::kFP8);
+  EXPECT_EQ(smla::to_string(smla::ScorePrecision::kFP8), "fp8");
+  EXPECT_THROW(smla::parse_score_precision("fp16"), smla::Error);
+  for (KvFormat f : kFormats) {
+    Geometry g = geo(f, f == KvFormat::kFP16 ? DType::kFP16 : DType::kBF16);
+    g.score_precision = smla::ScorePrecision::kFP8;
+    expect_reason(smla::support_common(g), "score precision fp8", "fp8 scores, 16-bit q");
+    expect_reason(smla::support_cuda(g, h200, true), "score precision fp8", "fp8 scores on the GPU, 16-bit q");
+  }
+  for (KvFormat f : {KvFormat::kFP8E4M3, KvFormat::kFP8DsMla}) {
+    Geometry g = geo(f, DType::kE4M3);
+    EXPECT_TRUE(smla::support_cuda(g, h200, true).ok());
+    ASSERT_NE(smla::cuda_variant_for(g, h200), nullptr);
+    EXPECT_STREQ(smla::cuda_variant_for(g, h200)->name, "h64.ws");
+    g.score_precision = smla::ScorePrecision::kFP8;
+    EXPECT_TRUE(smla::support_cpu(g).ok()) << "the reference takes any score precision";
+    EXPECT_TRUE(smla::support_cuda(g, h200, true).ok()) << smla::support_cuda(g, h200, true).reason;
+    const smla::CudaVariant* v = smla::cuda_variant_for(g, h200);
+    ASSERT_NE(v, nullptr);
+    EXPECT_STREQ(v->name, "h64.ws.q8");
+    EXPECT_NE(std::string(v->notes).find("1e-2"), std::string::npos) << "the notes state the accuracy: " << v->notes;
+    // the kernel's own limits still apply to the fp8 path, with its reason
+    g.num_heads = 129;
+    expect_reason(smla::support_cuda(g, h200, true), "128 heads", "fp8 scores, H = 129");
+  }
+  // Every variant answers every geometry; its workspace is the split-K scratch.
+  for (const smla::CudaVariant& v : smla::cuda_variants()) {
+    EXPECT_EQ(v.workspace(4, 128, 1), 0u) << v.name;
+    EXPECT_EQ(v.workspace(4, 128, 8), smla::split_workspace_bytes(4, 128, 8)) << v.name;
+  }
+}
+
 // ---- plan.h ---------------------------------------------------------------------------------------
 TEST(Plan, ChooseNumSplitsWorkedExamples) {
   // the examples of plan.h (132 SMs), worked by hand from the cost waves x tiles + (s > 1)

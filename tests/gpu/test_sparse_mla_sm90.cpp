@@ -326,16 +326,15 @@ TEST(SparseMlaSm90Edge, BadArgumentsRefused) {
 
 }  // namespace
 
-// Host-only (no device needed): which kernel the launcher picks by default. Pins the routing that
-// docs/perf-notes.md v6/v7 measured; an SMLA_SM90_* switch in the environment changes it, so the
-// test says so instead of failing then.
-TEST(SparseMlaSm90Routing, DefaultVariants) {
-  for (const char* e : {"SMLA_SM90_KERNEL", "SMLA_SM90_SMALL_H", "SMLA_SM90_QUANT", "SMLA_SM90_Q8"})
-    if (std::getenv(e) != nullptr) GTEST_SKIP() << e << " is set: the routing is not the default one";
-  auto variant = [](KvFormat f, int H, DType q) {
-    smla::SparseMlaParams p;
-    p.format = f, p.num_heads = H, p.q_dtype = q;
-    return smla::cuda::sparse_mla_variant(p);
+// Host-only (no device needed): which variant of the table (smla/support.h) runs each geometry on
+// an SM90 GPU: every format and H on the warp-specialized kernel (docs/perf-notes.md v6/v7), the
+// fp8 tensor-core score path only when asked for, and only for an e4m3 q with an fp8 cache.
+TEST(SparseMlaSm90Routing, Variants) {
+  auto variant = [](KvFormat f, int H, DType q, smla::ScorePrecision score = smla::ScorePrecision::kBF16) {
+    smla::Geometry g;
+    g.format = f, g.num_heads = H, g.q_dtype = q, g.score_precision = score;
+    const smla::CudaVariant* v = smla::cuda_variant_for(g, smla::any_sm90_device());
+    return std::string(v != nullptr ? v->name : "none");
   };
   for (int H : {1, 16, 20, 32, 64, 96, 128}) {
     EXPECT_EQ(variant(KvFormat::kBF16, H, DType::kBF16), "h64.ws") << H;
@@ -344,10 +343,17 @@ TEST(SparseMlaSm90Routing, DefaultVariants) {
     EXPECT_EQ(variant(KvFormat::kFP8DsMla, H, DType::kBF16), "h64.ws") << H;
     EXPECT_EQ(variant(KvFormat::kNvFP4DsMla, H, DType::kBF16), "h64.ws") << H;
   }
-  // An e4m3 q: widened to bf16 on the warp-specialized kernel (the fp8 tensor-core variant is
-  // SMLA_SM90_Q8=1).
+  const auto fp8 = smla::ScorePrecision::kFP8;
   for (int H : {1, 16, 64, 128}) {
+    // An e4m3 q: widened to bf16 exactly by default, scored on the fp8 tensor cores on request.
     EXPECT_EQ(variant(KvFormat::kFP8E4M3, H, DType::kE4M3), "h64.ws") << H;
     EXPECT_EQ(variant(KvFormat::kFP8DsMla, H, DType::kE4M3), "h64.ws") << H;
+    EXPECT_EQ(variant(KvFormat::kFP8E4M3, H, DType::kE4M3, fp8), "h64.ws.q8") << H;
+    EXPECT_EQ(variant(KvFormat::kFP8DsMla, H, DType::kE4M3, fp8), "h64.ws.q8") << H;
+    // fp8 scores need an e4m3 q (and an e4m3 q an fp8 cache).
+    EXPECT_EQ(variant(KvFormat::kFP8DsMla, H, DType::kBF16, fp8), "none") << H;
+    EXPECT_EQ(variant(KvFormat::kBF16, H, DType::kBF16, fp8), "none") << H;
+    EXPECT_EQ(variant(KvFormat::kNvFP4DsMla, H, DType::kBF16, fp8), "none") << H;
   }
+  EXPECT_EQ(variant(KvFormat::kBF16, 129, DType::kBF16), "none");
 }

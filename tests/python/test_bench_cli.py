@@ -51,8 +51,43 @@ def test_info_names_the_kernel_of_a_cuda_build():
     if "CUDA backend: built" not in out:
         pytest.skip("CPU-only build: no CUDA kernel to name")
     kernels = [line for line in out.splitlines() if "kernel on an SM90 GPU" in line]
-    # By default every format runs on the warp-specialized 64-head kernel (heads zero-padded) ...
+    # Every format runs on the warp-specialized 64-head kernel (heads zero-padded).
     assert kernels == ["  kernel on an SM90 GPU: sm90/sparse_mla/nvfp4_ds_mla_d576/h64.ws"]
-    # ... and SMLA_SM90_QUANT=mma puts quantized caches on the mma.sync kernel's 16-head tile.
-    kernels = [line for line in info({"SMLA_SM90_QUANT": "mma"}).splitlines() if "kernel on an SM90 GPU" in line]
-    assert kernels == ["  kernel on an SM90 GPU: sm90/sparse_mla/nvfp4_ds_mla_d576/h16.mma"]
+
+
+def test_info_names_the_fp8_score_variant_and_its_accuracy():
+    def info(*args, rc=0):
+        r = subprocess.run([SMLA_BIN, "info", "--heads", "64", *args], capture_output=True, text=True, timeout=60)
+        assert r.returncode == rc, r.stderr
+        return r.stdout
+    out = info("--format", "fp8_ds_mla", "--q-dtype", "e4m3", "--score", "fp8")
+    assert "scores=fp8" in out
+    # The variant table is printed with each variant's accuracy, whatever the build.
+    assert "h64.ws.q8  scores fp8   supports this problem" in out
+    assert "1e-2" in out
+    if "CUDA backend: built" in out:
+        assert "  kernel on an SM90 GPU: sm90/sparse_mla/fp8_ds_mla_d576/h64.ws.q8" in out.splitlines()
+    # fp8 scores with a bf16 q: refused by both backends, with the fix.
+    out = info("--format", "fp8_ds_mla", "--score", "fp8", rc=1)  # nothing can run it: info exits 1
+    assert "cpu : cannot run: score precision fp8 multiplies an e4m3 q with fp8 rows" in out
+    assert "use score precision bf16" in out
+
+
+def test_score_fp8_is_a_cuda_option():
+    r = bench("--format", "fp8_ds_mla", "--q", "e4m3", "--score", "fp8", "--heads", "2", "--T", "1", "--topk", "16")
+    assert r.returncode != 0
+    assert "--score fp8 chooses a CUDA kernel" in r.stderr
+
+
+def test_phases_need_the_phase_timer_build():
+    build = subprocess.run([SMLA_BIN, "info"], capture_output=True, text=True, timeout=60).stdout
+    if "CUDA backend: built" not in build:
+        pytest.skip("CPU-only build")
+    if "phase timer compiled in" in build:
+        pytest.skip("a build configured with -DSMLA_PHASE_TIMER=ON: --phases runs (on a GPU)")
+    # Without the option the stamps are compiled out and --phases says how to get them (before any
+    # device is touched, so this holds on a machine without a GPU too).
+    r = subprocess.run([SMLA_BIN, "bench", "--backend", "cuda", "--phases", "--heads", "2", "--T", "1"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0
+    assert "-DSMLA_PHASE_TIMER=ON" in r.stderr, r.stderr

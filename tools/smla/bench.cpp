@@ -107,6 +107,8 @@ int bench_cpu(const Args& a) {
   const bool q_e4m3 = a.get("q", "") == "e4m3";
   SMLA_CHECK(!q_e4m3 || fmt == KvFormat::kFP8E4M3 || fmt == KvFormat::kFP8DsMla,
              "--q e4m3 needs --format fp8_e4m3 or fp8_ds_mla");
+  SMLA_CHECK(parse_score_precision(a.get("score", "bf16")) == ScorePrecision::kBF16,
+             "--score fp8 chooses a CUDA kernel; the CPU reference sums every product in float64");
   std::vector<BenchRecord> recs;
   print_header(false);
   for (long long H : Hs)
@@ -176,6 +178,11 @@ int cmd_bench(const Args& a) {
   std::string backend = a.get("backend", "");
   if (backend.empty()) backend = first_cuda_device().present() && built_with_cuda() ? "cuda" : "cpu";
   if (parse_backend(backend) == Backend::kCuda) {
+#if !SMLA_PHASE_TIMER
+    // Said before any device is touched: the stamps are compiled out of this build.
+    SMLA_CHECK(!a.has("phases"),
+               "--phases needs the kernels' phase stamps: configure with -DSMLA_PHASE_TIMER=ON and rebuild");
+#endif
     // Same words as smla info: the build, then the device (never a driver message from deep inside).
     const Support s = backend_support(Backend::kCuda, Geometry{});
     SMLA_CHECK(s.ok(), "--backend cuda: " + s.reason);

@@ -189,6 +189,8 @@ int bench_cuda(const Args& a) {
   // --phases: stamp kernels around each call and phase stamps inside (adds two tiny launches to
   // every timed call), printed per case.
   const bool phases = a.has("phases");
+  SMLA_CHECK(!phases || cuda::phase::kEnabled,
+             "--phases needs the kernels' phase stamps: configure with -DSMLA_PHASE_TIMER=ON and rebuild");
   // --graph: also time the calls captured into one CUDA graph (per-call mean, printed per case).
   const bool graph = a.has("graph");
   const KvFormat fmt = parse_kv_format(a.get("format", "bf16"));
@@ -196,6 +198,8 @@ int bench_cuda(const Args& a) {
   SMLA_CHECK(K >= 1, "--topk must be >= 1");
   const DType qt = fmt == KvFormat::kFP16 ? DType::kFP16 : DType::kBF16;  // also the output type
   const bool q_e4m3 = a.get("q", "") == "e4m3";
+  // --score fp8: the fp8 tensor-core score path (an e4m3 q with an fp8 cache; smla info --score).
+  const ScorePrecision score = parse_score_precision(a.get("score", "bf16"));
   SMLA_CHECK(!q_e4m3 || fmt == KvFormat::kFP8E4M3 || fmt == KvFormat::kFP8DsMla,
              "--q e4m3 needs --format fp8_e4m3 or fp8_ds_mla");
   const int rope = D - kLatentDim;
@@ -250,6 +254,7 @@ int bench_cuda(const Args& a) {
       p.idx = static_cast<const int32_t*>(idx.p);
       p.softmax_scale = 0.1352338f;
       p.out = out.p, p.out_dtype = qt, p.lse = static_cast<float*>(lse.p), p.lse_mode = LseMode::kBaseE;
+      p.score_precision = score;
       set_dense_strides(p);
       const size_t wsb = cuda::sparse_mla_workspace_bytes(p, dev.num_sms, forced_splits);
       DevMem ws(std::max<size_t>(wsb, 256));
@@ -266,8 +271,7 @@ int bench_cuda(const Args& a) {
       r.backend = "cuda";
       Geometry g = geometry_of(p);
       const int splits = forced_splits > 0 ? forced_splits : choose_num_splits(T, int((H + 63) / 64), K, dev.num_sms);
-      const std::string variant = "/" + cuda::sparse_mla_variant(p);
-      r.kernel = cuda_kernel_name(g) + variant + (splits > 1 ? "/split" + std::to_string(splits) : "");
+      r.kernel = cuda_kernel_for(g, dev) + (splits > 1 ? "/split" + std::to_string(splits) : "");
       r.format = std::string(to_string(fmt)) + (q_e4m3 ? "+q_e4m3" : "");
       r.T = T, r.H = H, r.K = K, r.D = D, r.row_bytes = rb;
       r.valid_entries = double(T) * K;
@@ -275,7 +279,8 @@ int bench_cuda(const Args& a) {
       r.flops = 2.0 * H * r.valid_entries * (D + kLatentDim);
       r.bytes = r.valid_entries * rb;
       r.gemm_tflops = gemm, r.copy_tbps = copy;
-      r.repro = "smla bench --format " + std::string(to_string(fmt)) + (q_e4m3 ? " --q e4m3" : "") + " --heads " + std::to_string(H) + " --T " + std::to_string(T) +
+      r.repro = "smla bench --format " + std::string(to_string(fmt)) + (q_e4m3 ? " --q e4m3" : "") +
+                (score == ScorePrecision::kFP8 ? " --score fp8" : "") + " --heads " + std::to_string(H) + " --T " + std::to_string(T) +
                 " --topk " + std::to_string(K) + " --dim " + std::to_string(D) +
                 (forced_splits > 0 ? " --splits " + std::to_string(forced_splits) : "");
       print_record(r, recs.size(), Hs.size() * Ts.size());

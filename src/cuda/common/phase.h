@@ -1,13 +1,20 @@
-// Phase timing of the sparse MLA kernels (`smla bench --phases`): with a buffer set, the
-// warp-specialized attention kernel and the split merge write %globaltimer stamps at a few points
-// of their prologue and epilogue (never inside the tile loop), so a small call's time can be
-// split into launch, loads, compute and merge. Off (a null buffer) unless a benchmark sets it;
-// the kernels test one pointer in their parameters. Host-callable, no CUDA headers.
+// Phase timing of the sparse MLA kernels (`smla bench --phases`), a compile-time option: in a build
+// configured with -DSMLA_PHASE_TIMER=ON, the warp-specialized attention kernel and the split merge
+// write %globaltimer stamps at a few points of their prologue and epilogue (never inside the tile
+// loop) into the buffer a benchmark sets, so a small call's time can be split into launch, loads,
+// compute and merge. In every other build the stamps, the buffer pointer in the kernels' params
+// and its read at launch are compiled out. Host-callable, no CUDA headers.
 #pragma once
 
 #include <cstdint>
 
 namespace smla::cuda::phase {
+
+#if SMLA_PHASE_TIMER
+inline constexpr bool kEnabled = true;
+#else
+inline constexpr bool kEnabled = false;
+#endif
 
 inline constexpr int kAttnBlocks = 8192;   // attention blocks recorded (linear block id)
 inline constexpr int kAttnEvents = 12;     // stamps per attention block (AttnEvent)
@@ -32,8 +39,8 @@ enum AttnEvent : int {
 };
 enum MergeEvent : int { kMergeEntry = 0, kMergeWaited = 1, kMergeDone = 2 };
 
-// The device buffer the launcher passes to the kernels (nullptr: no stamps). Not thread-safe;
-// for benchmarks.
+// The device buffer the launcher passes to the kernels (nullptr: no stamps) when kEnabled. Not
+// thread-safe; for benchmarks.
 void set_buffer(uint64_t* device_words);
 uint64_t* buffer();
 // A one-thread kernel writing %globaltimer to slot (a device address) on `stream`.

@@ -1,5 +1,6 @@
 // Thin device wrappers over the PTX instructions the SM90 kernels use: cp.async gathers,
-// ldmatrix, the m16n8k16 tensor-core MMA and a few packing helpers. Header-only, no framework.
+// stmatrix, wgmma, mbarriers and named barriers, and a few packing helpers. Header-only, no
+// framework.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -25,27 +26,21 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
-// Bulk prefetch of `bytes` (a multiple of 16, 16-byte aligned) into L2: no shared memory, no
-// completion to wait for.
-__device__ __forceinline__ void prefetch_l2_bulk(const void* src, uint32_t bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(bytes) : "memory");
-}
-
+// ---- plain shared-memory loads and stores by 32-bit address (the form the swizzled layouts compute).
 __device__ __forceinline__ void st_shared_zero16(uint32_t dst) {
   asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(dst), "r"(0) : "memory");
 }
+__device__ __forceinline__ void st_shared_v4(uint32_t dst, const uint32_t (&v)[4]) {
+  asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst), "r"(v[0]), "r"(v[1]), "r"(v[2]), "r"(v[3])
+               : "memory");
+}
+__device__ __forceinline__ void st_shared_v2(uint32_t dst, uint32_t lo, uint32_t hi) {
+  asm volatile("st.shared.v2.u32 [%0], {%1, %2};\n" ::"r"(dst), "r"(lo), "r"(hi) : "memory");
+}
+__device__ __forceinline__ void ld_shared_v4(uint32_t (&v)[4], uint32_t src) {
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3]) : "r"(src));
+}
 
-// ---- ldmatrix: four 8x8 b16 matrices; lane i supplies the row address of matrix i / 8.
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
 // stmatrix: four 8x8 b16 matrices from registers in the mma fragment layout (register i holds
 // matrix i); lane i supplies the row address of matrix i / 8.
 __device__ __forceinline__ void stmatrix_x4(uint32_t addr, const uint32_t (&r)[4]) {
@@ -54,7 +49,7 @@ __device__ __forceinline__ void stmatrix_x4(uint32_t addr, const uint32_t (&r)[4
                : "memory");
 }
 
-// ---- element tags: the 16-bit input type of the MMA (bf16 or fp16), fp32 accumulate.
+// ---- element tags: the 16-bit input type of the MMAs (bf16 or fp16), fp32 accumulate.
 struct Bf16 {
   using Storage = __nv_bfloat16;
   // Two floats -> one packed register (low half = a), round to nearest even.
@@ -71,27 +66,25 @@ struct Fp16 {
   }
 };
 
-// D(16x8, fp32) += A(16x16, row) * B(16x8, col). Fragment layouts follow the PTX ISA:
-// a: {(g, 2t..2t+1), (g+8, 2t..), (g, 2t+8..), (g+8, 2t+8..)}, b: {(k 2t.., n g), (k 2t+8.., n g)},
-// c: {(g, 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1)} with g = lane / 4, t = lane % 4.
-template <typename Elem>
-__device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
-
-template <>
-__device__ __forceinline__ void mma_16816<Bf16>(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+// ---- conversions (pure: plain asm, the compiler may move or drop them).
+// 4 e4m3 bytes of w -> 4 f16 in two f16x2 registers (h0: bytes 0-1, h1: bytes 2-3), exact.
+__device__ __forceinline__ void cvt_e4m3x4_f16x2(uint32_t w, uint32_t& h0, uint32_t& h1) {
+  asm("{\n.reg .b16 a, b;\nmov.b32 {a, b}, %2;\ncvt.rn.f16x2.e4m3x2 %0, a;\ncvt.rn.f16x2.e4m3x2 %1, b;\n}\n"
+      : "=r"(h0), "=r"(h1)
+      : "r"(w));
 }
-template <>
-__device__ __forceinline__ void mma_16816<Fp16>(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+// Two f16x2 registers -> 4 f32, exact.
+__device__ __forceinline__ void cvt_f16x4_f32(uint32_t h0, uint32_t h1, float (&f)[4]) {
+  asm("{\n.reg .b16 a, b, c, d;\nmov.b32 {a, b}, %4;\nmov.b32 {c, d}, %5;\n"
+      "cvt.f32.f16 %0, a;\ncvt.f32.f16 %1, b;\ncvt.f32.f16 %2, c;\ncvt.f32.f16 %3, d;\n}\n"
+      : "=f"(f[0]), "=f"(f[1]), "=f"(f[2]), "=f"(f[3])
+      : "r"(h0), "r"(h1));
+}
+// a * b lane-wise on two bf16 pairs, round to nearest even.
+__device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
+  uint32_t r;
+  asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(b));
+  return r;
 }
 
 __device__ __forceinline__ float fast_exp2(float x) {

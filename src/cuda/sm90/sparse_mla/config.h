@@ -1,17 +1,22 @@
-// SM90 sparse MLA (bf16 / fp16 caches, the quantized formats dequantized to bf16 in shared
-// memory, and fp8 rows read by the fp8 tensor cores for an e4m3 q): the kernel's params struct, its compile-time constants and its shared-memory plan. No CUDA headers: the shared-memory
-// static_asserts hold for any compiler that includes it (host tests may too).
+// SM90 sparse MLA, the warp-specialized kernel (bf16 / fp16 caches, the quantized formats
+// dequantized to bf16 in shared memory, and fp8 rows read by the fp8 tensor cores for an e4m3 q):
+// its params struct, its compile-time constants and its shared-memory plans. No CUDA headers: the
+// shared-memory static_asserts hold for any compiler that includes it (host tests may too).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 
+#include "smla/formats.h"
+
 namespace smla::cuda::sm90::sparse_mla {
 
-// How the kernel reads a cache row (DESIGN.md §3). kNative16: bf16 / fp16 rows are gathered
-// into shared memory as they are. The others: the raw row is gathered into the tail of its
-// 1152-byte bf16 slot and dequantized to bf16 in place before the tile is used (dequant.h).
-enum class RowFormat { kNative16, kFp8E4M3, kFp8DsMla, kNvFp4DsMla };
+// How the kernel reads a cache row of format F (DESIGN.md §3, smla::row_layout): bf16 / fp16 rows
+// are gathered into shared memory as they are; quantized rows (kQuantized<F>) are gathered raw into
+// a staging area and dequantized to bf16 (dequant.h), or read by the fp8 tensor cores as they are
+// (WsQ8Config).
+template <KvFormat F>
+inline constexpr bool kQuantized = row_layout(F).latent_bits < 16;
 
 // What the launcher hands the kernel: validated, strides in elements, scales pre-multiplied.
 struct KernelParams {
@@ -22,9 +27,7 @@ struct KernelParams {
                        // and share its gathered rows in L2
   int num_splits;      // blocks per token along the top-k (1: no split, no workspace)
   int topk;            // K, capacity of idx rows
-  int row_chunks;      // 16-byte chunks of one bf16 / fp16 smem row: 72 (D = 576) or 64 (D = 512)
-  int raw_chunks;      // 16-byte chunks gathered per stored row (raw_row_chunks; = row_chunks for 16-bit)
-  int raw_offset;      // byte offset of the raw row in its smem slot (quantized: kRowBytesMax - 16 raw_chunks)
+  int raw_chunks;      // 16-byte chunks of a stored row the kernel may read (raw_row_chunks)
   int k_steps;         // 16-wide steps of the QK^T reduction: D / 16 (36 or 32)
 
   const void* q;       // [T, H, D] 16-bit, or [T, H, 512] when q_rope is set; strides q_stride_*
@@ -32,14 +35,13 @@ struct KernelParams {
   const void* q_rope;  // nullable: [T, H, 64] 16-bit; strides q_rope_stride_*
   int64_t q_rope_stride_t, q_rope_stride_h;
   bool q_vec16;        // q / q_rope pointers and strides allow 16-byte loads (8-byte for an e4m3 q)
-  bool q_e4m3;         // q / q_rope hold e4m3 (fp8_e4m3 cache only): widened to bf16 exactly on load
+  bool q_e4m3;         // q / q_rope hold e4m3 (the fp8 caches): widened to bf16 exactly on load, or read as
+                       // it is by the fp8 score path
 
   const uint8_t* kv;   // row r at kv + r * kv_row_stride_bytes (16-byte aligned); nullable if num_rows == 0
   int64_t kv_row_stride_bytes;
   int64_t num_rows;
 
-  bool l2_prefetch;     // bulk-prefetch rows into L2 kL2PrefetchTiles tiles ahead of the gather
-  int l2_prefetch_steps;  // warp-specialized kernel: prefetch the rows of the tile pair this many steps ahead
   const int32_t* idx;  // [T, K] int32, row stride idx_stride_t
   int64_t idx_stride_t;
   const int32_t* counts;  // nullable: [T]
@@ -60,41 +62,16 @@ struct KernelParams {
   float* part_out;  // [T, H, num_splits, 512] fp32
   float* part_lse;  // [T, H, num_splits] fp32
 
+#if SMLA_PHASE_TIMER
   uint64_t* phase;  // nullable: %globaltimer stamps for `smla bench --phases` (cuda/common/phase.h)
+#endif
 };
 
 inline constexpr int kLatent = 512;
 inline constexpr int kMaxDim = 576;           // smem rows always hold the D = 576 layout
-inline constexpr int kRowBytesMax = kMaxDim * 2;
 inline constexpr int kBlockK = 64;            // top-k entries per pipeline tile
-inline constexpr int kStages = 2;             // tiles in flight: one computed, one gathering
-// Tiles whose rows are bulk-prefetched into L2 beyond the two in shared memory: the random row
-// gathers see ~7 us of loaded latency (measured, docs/perf-notes.md), more than two 72 KiB stages
-// cover; L2 prefetches keep DRAM busy without using shared memory.
-inline constexpr int kL2PrefetchTiles = 2;
-inline constexpr int kWarpsPerMTile = 4;      // the 4 warps of a 16-head tile split 64 columns / 512 dims
-inline constexpr int kOutColsPerWarp = kLatent / kWarpsPerMTile;     // 128 output dims per warp
-inline constexpr int kScoreColsPerWarp = kBlockK / kWarpsPerMTile;   // 16 score columns per warp
-
-// kMTiles 16-row MMA tiles of heads per block (1, 2 or 4: head tiles of 16, 32, 64). Each 16-head
-// tile gets 4 warps, so the fp32 output accumulator is 16 x 128 per warp (64 registers/thread).
-template <int kMTiles>
-struct Config {
-  static constexpr int kHeadTile = 16 * kMTiles;
-  static constexpr int kWarps = kWarpsPerMTile * kMTiles;
-  static constexpr int kThreads = 32 * kWarps;
-
-  // Rows are stored densely (1152 B) with their 16-byte chunks XOR-swizzled by (row % 8) inside
-  // each group of 8 chunks, so the 8 row addresses of one ldmatrix hit 8 distinct bank groups.
-  struct SharedStorage {
-    uint16_t q[kHeadTile * kMaxDim];            // (kHeadTile, 576) swizzled; heads past H are 0
-    uint16_t kv[kStages][kBlockK * kMaxDim];    // (kBlockK, 576) per stage: K and V are the same rows
-    uint16_t p[kHeadTile * kBlockK];            // (kHeadTile, kBlockK) softmax numerators, swizzled
-    float row_part[kWarpsPerMTile][kHeadTile];  // per-warp row max (then row sum) exchange
-    float col_bias[kStages][kBlockK];           // 0 for a valid entry, -inf for a masked one
-  };
-  static constexpr size_t kSmemBytes = sizeof(SharedStorage);
-};
+inline constexpr float kLog2e = 1.4426950408889634f;
+inline constexpr float kLn2 = 0.6931471805599453f;
 
 // The warp-specialized variant (head tile 64, kernel_ws.cuh): a producer warpgroup gathers one
 // tile at a time with cp.async into two tile buffers (tile i + 1 lands while tile i is computed);
@@ -154,6 +131,50 @@ struct WsQ8Config {
   static constexpr size_t kSmemBytes = sizeof(SharedStorage);
 };
 
+// Quantized formats on the dequantizing path: each half of a buffer is gathered raw by the producer
+// into a staging area inside that half, then dequantized in place by consumer 1 (convert.cuh).
+// Raw bytes of half h (0: dims 0-255, 1: dims 256-511 and the RoPE block) staged as segment 0 then
+// segment 1, `bytes` per row, rows `bytes` apart from dim block `block` of the half's buffer.
+struct StageHalf {
+  int block, bytes, off0, len0, off1;  // segment 0 = [off0, off0 + len0), segment 1 = [off1, off1 + bytes - len0)
+};
+template <KvFormat kFormat>
+struct StageLayout;
+template <>
+struct StageLayout<KvFormat::kFP8E4M3> {  // [0,512) e4m3 latent, [512,576) e4m3 RoPE
+  static constexpr RowLayout L = row_layout(KvFormat::kFP8E4M3);
+  static constexpr int kHalf = L.latent_bytes / 2;  // latent bytes of one half (dims 0-255 | 256-511)
+  static constexpr StageHalf h[2] = {{2, kHalf, 0, kHalf, 0}, {6, L.bytes - kHalf, kHalf, L.bytes - kHalf, 0}};
+};
+template <>
+struct StageLayout<KvFormat::kFP8DsMla> {  // [0,512) e4m3, [512,528) 4 fp32 scales, [528,656) bf16 RoPE
+  static constexpr RowLayout L = row_layout(KvFormat::kFP8DsMla);
+  static constexpr int kHalf = L.latent_bytes / 2;
+  static constexpr int kScales = L.num_scales * L.scale_bytes;  // every tile scale with each half
+  // (the bf16 RoPE is not staged: the producer copies it straight to dim block 8)
+  static constexpr StageHalf h[2] = {{1, kHalf + kScales, 0, kHalf, L.scale_offset},
+                                     {5, kHalf + kScales, kHalf, kHalf, L.scale_offset}};
+};
+template <>
+struct StageLayout<KvFormat::kNvFP4DsMla> {  // [0,256) e2m1, [256,320) e4m3 RoPE, [320,352) e4m3 scales
+  static constexpr RowLayout L = row_layout(KvFormat::kNvFP4DsMla);
+  static constexpr int kHalf = L.latent_bytes / 2;
+  static constexpr int kScales = L.num_scales * L.scale_bytes;
+  // half 0: its latent bytes and the scales; half 1: the rest of the row from its latent bytes on
+  static constexpr StageHalf h[2] = {{2, kHalf + kScales, 0, kHalf, L.scale_offset},
+                                     {6, L.bytes - kHalf, kHalf, L.bytes - kHalf, 0}};
+};
+// A half's staging area (64 rows) fits its dim blocks from `block` on: [block, 4) for half 0,
+// [block, 9) for half 1.
+template <KvFormat F>
+constexpr bool stage_fits() {
+  constexpr auto& h = StageLayout<F>::h;
+  return kBlockK * h[0].bytes <= (4 - h[0].block) * WsConfig::kBlockBytes &&
+         kBlockK * h[1].bytes <= (WsConfig::kDimBlocks - h[1].block) * WsConfig::kBlockBytes;
+}
+static_assert(stage_fits<KvFormat::kFP8E4M3>() && stage_fits<KvFormat::kFP8DsMla>() && stage_fits<KvFormat::kNvFP4DsMla>(),
+              "a staging area runs past its half of the tile buffer");
+
 inline constexpr size_t kSmemLimit = 227 * 1024;  // SM90 opt-in per-block limit
 static_assert(WsConfig::kSmemBytes <= kSmemLimit, "warp-specialized variant: shared memory over 227 KiB");
 static_assert(WsQ8Config::kSmemBytes <= kSmemLimit, "warp-specialized e4m3 variant: shared memory over 227 KiB");
@@ -165,28 +186,19 @@ static_assert(offsetof(WsConfig::SharedStorage, kv) % 1024 == 0,
 static_assert((WsConfig::kScorerRegs - WsConfig::kLaunchRegs) + (WsConfig::kConsumerRegs - WsConfig::kLaunchRegs) <=
                   WsConfig::kLaunchRegs - WsConfig::kProducerRegs,
               "warp-specialized kernel: consumer registers exceed what the producer releases");
-static_assert(Config<1>::kSmemBytes <= kSmemLimit, "head tile 16: shared memory over 227 KiB");
-static_assert(Config<2>::kSmemBytes <= kSmemLimit, "head tile 32: shared memory over 227 KiB");
-static_assert(Config<4>::kSmemBytes <= kSmemLimit, "head tile 64: shared memory over 227 KiB");
-static_assert(656 <= kRowBytesMax && 656 / 16 <= 64, "a raw row fits its slot and two chunks per lane");
-static_assert(kL2PrefetchTiles == 2, "the kernels rotate row ids through three registers");
-static_assert(kBlockK == kWarpsPerMTile * 16, "each warp scores two 8-wide MMA column tiles");
 
-// 16-byte chunks of a stored row that the kernel gathers. A ds_mla row with rope_dim = 0 keeps its
-// size; fp8_ds_mla then stops after the scales (RoPE is its last 128 bytes), nvfp4_ds_mla reads
-// all 352 bytes (its RoPE sits between the values and the scales).
-inline int raw_row_chunks(RowFormat f, int rope_dim) {
-  switch (f) {
-    case RowFormat::kNative16: return (kLatent + rope_dim) * 2 / 16;
-    case RowFormat::kFp8E4M3: return (kLatent + rope_dim) / 16;
-    case RowFormat::kFp8DsMla: return rope_dim > 0 ? 656 / 16 : 528 / 16;
-    case RowFormat::kNvFp4DsMla: return 352 / 16;
-  }
-  return 0;
+// 16-byte chunks of a stored row that the kernel gathers: the whole row with RoPE. Without RoPE a
+// row whose RoPE comes last stops before it (16-bit, fp8_e4m3: their shorter row; fp8_ds_mla:
+// after the scales, its 656-byte row keeps its size); nvfp4_ds_mla reads all 352 bytes (its RoPE
+// sits between the values and the scales).
+inline int raw_row_chunks(KvFormat f, int rope_dim) {
+  const RowLayout L = row_layout(f);
+  if (rope_dim > 0) return L.bytes / 16;
+  const bool rope_last = L.rope_offset + kRopeDim * dtype_bytes(L.rope_dtype) == L.bytes;
+  return (rope_last ? L.rope_offset : L.bytes_no_rope) / 16;
 }
 
-// Head tile (rows of one block) for H heads: 16, 32 or 64; H > 64 uses groups of 64.
-inline int head_tile_for(int num_heads) { return num_heads <= 16 ? 16 : num_heads <= 32 ? 32 : 64; }
+// Blocks per token along the heads: groups of 64 (heads past H zero-padded).
 inline int head_groups_for(int num_heads) { return (num_heads + 63) / 64; }
 
 }  // namespace smla::cuda::sm90::sparse_mla

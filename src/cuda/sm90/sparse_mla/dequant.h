@@ -16,6 +16,8 @@
 
 #if defined(__CUDACC__)
 #include <cuda_bf16.h>
+
+#include "cuda/common/ptx.cuh"
 #define SMLA_DQ_UNROLL _Pragma("unroll")
 #else
 #define SMLA_DQ_UNROLL
@@ -112,13 +114,8 @@ SMLA_DQ_UNROLL
 // kernel's producer, which dequantizes a whole tile per warpgroup.
 __device__ __forceinline__ void e4m3x4_f32(uint32_t w, float (&f)[4]) {
   uint32_t h0, h1;
-  asm("{\n.reg .b16 a, b;\nmov.b32 {a, b}, %2;\ncvt.rn.f16x2.e4m3x2 %0, a;\ncvt.rn.f16x2.e4m3x2 %1, b;\n}\n"
-      : "=r"(h0), "=r"(h1)
-      : "r"(w));
-  asm("{\n.reg .b16 a, b, c, d;\nmov.b32 {a, b}, %4;\nmov.b32 {c, d}, %5;\n"
-      "cvt.f32.f16 %0, a;\ncvt.f32.f16 %1, b;\ncvt.f32.f16 %2, c;\ncvt.f32.f16 %3, d;\n}\n"
-      : "=f"(f[0]), "=f"(f[1]), "=f"(f[2]), "=f"(f[3])
-      : "r"(h0), "r"(h1));
+  ptx::cvt_e4m3x4_f16x2(w, h0, h1);
+  ptx::cvt_f16x4_f32(h0, h1, f);
 }
 __device__ __forceinline__ Chunk e4m3x8_scaled_fast(uint32_t lo, uint32_t hi, float s) {
   float a[4], b[4];
@@ -150,9 +147,7 @@ SMLA_HD uint32_t byte_perm(uint32_t x, uint32_t y, uint32_t s) {
 // Two bf16 multiplied lane-wise, exact products only (the caller's guarantee: e2m1 x e4m3 always is).
 SMLA_HD uint32_t mul_bf16x2_exact(uint32_t a, uint32_t b) {
 #if defined(__CUDA_ARCH__)
-  uint32_t r;  // a plain multiply (not an fma with a +0 addend, which would turn -0 into +0)
-  asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(b));
-  return r;
+  return ptx::mul_bf16x2(a, b);  // a plain multiply (not an fma with a +0 addend, which would turn -0 into +0)
 #else
   const float lo = num::bits_f32(a << 16) * num::bits_f32(b << 16);
   const float hi = num::bits_f32(a & 0xffff0000u) * num::bits_f32(b & 0xffff0000u);
@@ -184,29 +179,30 @@ SMLA_DQ_UNROLL
 // Logical 16-byte chunk `ch` (elements 8 ch .. 8 ch + 7 of the bf16 row: ch < 64 latent,
 // 64..71 RoPE) of the raw row at `raw` (16-byte aligned; the bytes a chunk needs only).
 // fp8_e4m3: e4m3 without k_scale (the caller folds it into its scales).
-template <RowFormat kRow>
+template <KvFormat kFormat>
 SMLA_HD Chunk dequant_chunk(const uint8_t* raw, int ch) {
+  constexpr RowLayout L = row_layout(kFormat);
   uint32_t lo, hi;
-  if constexpr (kRow == RowFormat::kFp8E4M3) {
+  if constexpr (kFormat == KvFormat::kFP8E4M3) {
     ld_u32x2(raw + 8 * ch, lo, hi);
     return e4m3x8(lo, hi);
-  } else if constexpr (kRow == RowFormat::kFp8DsMla) {
+  } else if constexpr (kFormat == KvFormat::kFP8DsMla) {
     if (ch < kLatent / 8) {
       ld_u32x2(raw + 8 * ch, lo, hi);
-      return e4m3x8_scaled(lo, hi, num::bits_f32(ld_u32(raw + 512 + 4 * (ch >> 4))));  // 128-wide tiles
+      return e4m3x8_scaled(lo, hi, num::bits_f32(ld_u32(raw + L.scale_offset + L.scale_bytes * (ch / (L.tile_width / 8)))));
     }
-    const uint8_t* rope = raw + 528 + 16 * (ch - kLatent / 8);  // bf16 as stored
+    const uint8_t* rope = raw + L.rope_offset + 16 * (ch - kLatent / 8);  // bf16 as stored
     Chunk c;
     ld_u32x2(rope, c.w[0], c.w[1]);
     ld_u32x2(rope + 8, c.w[2], c.w[3]);
     return c;
   } else {
-    static_assert(kRow == RowFormat::kNvFp4DsMla, "quantized row formats only");
+    static_assert(kFormat == KvFormat::kNvFP4DsMla, "quantized row formats only");
     if (ch < kLatent / 8) {
-      const float sf = e4m3_f32(raw[num::nvfp4_scale_offset(ch >> 1)]);  // 16-element blocks
+      const float sf = e4m3_f32(raw[nvfp4_scale_offset(ch / (L.tile_width / 8))]);
       return e2m1x8_scaled(ld_u32(raw + 4 * ch), sf);
     }
-    ld_u32x2(raw + 256 + 8 * (ch - kLatent / 8), lo, hi);  // RoPE: e4m3, unscaled
+    ld_u32x2(raw + L.rope_offset + 8 * (ch - kLatent / 8), lo, hi);  // RoPE: e4m3, unscaled
     return e4m3x8(lo, hi);
   }
 }

@@ -3,5 +3,5 @@
 #include "cuda/sm90/sparse_mla/kernel_ws.cuh"
 
 namespace smla::cuda::sm90::sparse_mla {
-template void launch_ws<ptx::Bf16, RowFormat::kFp8DsMla, true>(const KernelParams&, cudaStream_t);
+template void launch_ws<ptx::Bf16, KvFormat::kFP8DsMla, true>(const KernelParams&, cudaStream_t);
 }  // namespace smla::cuda::sm90::sparse_mla

@@ -1,10 +1,11 @@
-// Host entry of the SM90 sparse MLA: checks, schedule (head groups, top-k splits), KernelParams,
-// and the one compile-time dispatch (cache format x element type x head tile).
+// Host entry of the SM90 sparse MLA: checks, the variant (smla/support.h's table), schedule (head
+// groups, top-k splits), KernelParams, and each variant's launch: the one compile-time dispatch
+// (variant x cache format x element type).
 #include <cuda_runtime.h>
 
-#include <algorithm>
-#include <cstdlib>
+#include <iterator>
 #include <string>
+#include <string_view>
 
 #include "cuda/common/phase.h"
 #include "cuda/sm90/sparse_mla/launcher.h"
@@ -18,13 +19,9 @@ namespace {
 
 namespace k = sm90::sparse_mla;
 
-// What this kernel adds to validate(): the parts of the general contract it does not cover.
-void check_kernel_supports(const SparseMlaParams& p) {
-  SMLA_CHECK(!format_is_quantized(p.format) || p.q_dtype != DType::kFP16,
-             "the SM90 kernel reads a " + std::string(to_string(p.format)) +
-                 " cache with a bf16 q (or e4m3 for fp8_e4m3); got an fp16 q: cast q to bf16 or use the CPU backend");
-  SMLA_CHECK(p.num_heads <= kMaxNativeHeads, "H = " + std::to_string(p.num_heads) +
-                                                 " exceeds 128 heads per call; call once per group of <= 128 heads");
+// What a call adds to validate() and to its geometry's support (the variant table): output
+// type, grid size, pointer alignment.
+void check_call(const SparseMlaParams& p) {
   SMLA_CHECK(p.out_dtype != DType::kFP32,
              "out_dtype f32 is CPU-only; the CUDA backend writes bf16 (fp16 for an fp16 q)");
   SMLA_CHECK(p.num_tokens * sm90::sparse_mla::head_groups_for(p.num_heads) < (int64_t(1) << 31),
@@ -54,125 +51,75 @@ int num_splits_for(const SparseMlaParams& p, int num_sms) {
   return choose_num_splits(p.num_tokens, k::head_groups_for(p.num_heads), p.topk, num_sms);
 }
 
-// 64-head tiles run on the warp-specialized kernel; SMLA_SM90_KERNEL=mma puts every tile on the
-// mma.sync kernel (fallback and A/B runs). (The v5 two-warpgroup wgmma kernel it replaced is in
-// git history and docs/perf-notes.md.)
-bool mma_only() {
-  static const bool v = [] {
-    const char* e = std::getenv("SMLA_SM90_KERNEL");
-    return e != nullptr && std::string(e) == "mma";
-  }();
-  return v;
-}
-
-// L2 bulk prefetch of rows ahead of the gather (A/B runs: SMLA_SM90_L2_PREFETCH=0 off, =N on,
-// N tile pairs ahead in the warp-specialized kernel). Default: on for the mma.sync kernel, off
-// for the warp-specialized one (it measured slower with it: docs/perf-notes.md, v6).
-int l2_prefetch_env() {
-  static const int v = [] {
-    const char* e = std::getenv("SMLA_SM90_L2_PREFETCH");
-    return e == nullptr ? -1 : std::max(0, std::atoi(e));
-  }();
-  return v;
-}
-
-// 16-bit caches with H <= 32 run on the warp-specialized 64-head kernel (heads zero-padded; it
-// is memory-bound there and reads each row once either way); SMLA_SM90_SMALL_H=mma keeps them on
-// the mma.sync kernel with 16- and 32-head tiles.
-bool small_h_on_ws() {
-  static const bool v = [] {
-    const char* e = std::getenv("SMLA_SM90_SMALL_H");
-    return e == nullptr || std::string(e) != "mma";
-  }();
-  return v;
-}
-
-// Quantized caches on the warp-specialized kernel (its producer warpgroup dequantizes): every
-// format by default (fp8 2.2-3x and nvfp4_ds_mla 1.6-1.8x faster than on the mma.sync kernel,
-// docs/perf-notes.md v7, v8). SMLA_SM90_QUANT=mma puts them back on the mma.sync kernel, =ws
-// (the default) keeps them here (A/B runs).
-bool quant_on_ws(KvFormat) {
-  static const bool v = [] {
-    const char* e = std::getenv("SMLA_SM90_QUANT");
-    return e == nullptr || std::string(e) != "mma";
-  }();
-  return v;
-}
-
-// The split merge as a programmatic dependent launch behind the warp-specialized kernel: about
-// 1 us less at T = 1 in two device runs (docs/perf-notes.md v8), every sparse case passes with it,
-// graphs included. SMLA_SM90_PDL=0 launches it the ordinary way (A/B runs).
-bool use_pdl() {
-  static const bool v = [] {
-    const char* e = std::getenv("SMLA_SM90_PDL");
-    return e == nullptr || std::string(e) != "0";
-  }();
-  return v;
-}
-
 bool aligned(const void* ptr, int64_t bytes) { return reinterpret_cast<uintptr_t>(ptr) % uint64_t(bytes) == 0; }
 
-k::RowFormat row_format_of(KvFormat f) {
-  switch (f) {
-    case KvFormat::kFP8E4M3: return k::RowFormat::kFp8E4M3;
-    case KvFormat::kFP8DsMla: return k::RowFormat::kFp8DsMla;
-    case KvFormat::kNvFP4DsMla: return k::RowFormat::kNvFp4DsMla;
-    default: return k::RowFormat::kNative16;
+// The current device as the variant table sees it (ordinal and compute capability; attribute
+// queries, no synchronization). No device: an empty DeviceInfo, which every variant refuses.
+DeviceInfo current_device() {
+  DeviceInfo d;
+  if (cudaGetDevice(&d.ordinal) != cudaSuccess ||
+      cudaDeviceGetAttribute(&d.cc_major, cudaDevAttrComputeCapabilityMajor, d.ordinal) != cudaSuccess ||
+      cudaDeviceGetAttribute(&d.cc_minor, cudaDevAttrComputeCapabilityMinor, d.ordinal) != cudaSuccess) {
+    cudaGetLastError();  // a failed query leaves a (non-sticky) error: clear it
+    return {};
+  }
+  d.name = "device " + std::to_string(d.ordinal);
+  return d;
+}
+
+// The variant that runs p on the current device (smla/support.h's table), or Error with the reason.
+const CudaVariant& variant_for(const SparseMlaParams& p) {
+  const Geometry g = geometry_of(p);
+  const DeviceInfo dev = current_device();
+  const CudaVariant* v = cuda_variant_for(g, dev);
+  if (v == nullptr) fail_unsupported(support_cuda(g, dev, true).reason);
+  return *v;
+}
+
+// ---- the launches of kCudaVariants, in its order.
+using LaunchFn = void (*)(const k::KernelParams& kp, KvFormat format, cudaStream_t s);
+
+void launch_h64_ws(const k::KernelParams& kp, KvFormat format, cudaStream_t s) {
+  switch (format) {
+    case KvFormat::kFP8E4M3: return k::launch_ws<ptx::Bf16, KvFormat::kFP8E4M3>(kp, s);
+    case KvFormat::kFP8DsMla: return k::launch_ws<ptx::Bf16, KvFormat::kFP8DsMla>(kp, s);
+    case KvFormat::kNvFP4DsMla: return k::launch_ws<ptx::Bf16, KvFormat::kNvFP4DsMla>(kp, s);
+    case KvFormat::kFP16: return k::launch_ws<ptx::Fp16, KvFormat::kFP16>(kp, s);
+    case KvFormat::kBF16: return k::launch_ws<ptx::Bf16, KvFormat::kBF16>(kp, s);
   }
 }
 
-// An e4m3 q over fp8 rows on the fp8 tensor-core variant (WsQ8Config): SMLA_SM90_Q8=1. Opt-in:
-// 6-19% faster than widening q to bf16, but the tensor core adds the fp8 products with fewer bits
-// than fp32, and the LSE strays past DESIGN.md §8's 1e-3 (up to ~6e-3 measured; out is unaffected):
-// docs/perf-notes.md, session 8.
-bool q8_on() {
-  static const bool v = [] {
-    const char* e = std::getenv("SMLA_SM90_Q8");
-    return e != nullptr && std::string(e) == "1";
-  }();
-  return v;
+void launch_h64_ws_q8(const k::KernelParams& kp, KvFormat format, cudaStream_t s) {
+  if (format == KvFormat::kFP8E4M3) k::launch_ws<ptx::Bf16, KvFormat::kFP8E4M3, true>(kp, s);
+  else if (format == KvFormat::kFP8DsMla) k::launch_ws<ptx::Bf16, KvFormat::kFP8DsMla, true>(kp, s);
+  else fail("h64.ws.q8 reads fp8 rows only");  // unreachable: its supports() refuses the others
 }
 
-// The warp-specialized kernel takes 16-bit caches and (quant_on_ws) the quantized ones, an e4m3 q
-// (fp8 caches only) widened to bf16 on load, or read as it is by the fp8 tensor-core variant
-// (q8_on); the mma.sync kernel widens it too.
-bool runs_on_ws(const SparseMlaParams& p) {
-  return !mma_only() && (row_format_of(p.format) == k::RowFormat::kNative16 || quant_on_ws(p.format)) &&
-         (p.num_heads > 32 || small_h_on_ws());
-}
-
-// Quantized caches: bf16 MMAs on the mma.sync kernel for every head tile.
-template <k::RowFormat kRow>
-void launch_quantized(int tile, const k::KernelParams& kp, cudaStream_t s) {
-  if (tile == 16) k::launch_main<ptx::Bf16, 1, kRow>(kp, s);
-  else if (tile == 32) k::launch_main<ptx::Bf16, 2, kRow>(kp, s);
-  else k::launch_main<ptx::Bf16, 4, kRow>(kp, s);
-}
+constexpr LaunchFn kLaunch[] = {launch_h64_ws, launch_h64_ws_q8};
+static_assert(std::size(kLaunch) == std::size(kCudaVariants), "one launch per variant of smla/support.h");
+static_assert(std::string_view(kCudaVariants[0].name) == "h64.ws" && std::string_view(kCudaVariants[1].name) == "h64.ws.q8",
+              "kLaunch follows kCudaVariants");
 
 }  // namespace
 
 int sparse_mla_auto_splits(const SparseMlaParams& p, int num_sms) { return num_splits_for(p, num_sms); }
 
-std::string sparse_mla_variant(const SparseMlaParams& p) {
-  if (runs_on_ws(p)) return p.q_dtype == DType::kE4M3 && q8_on() ? "h64.ws.q8" : "h64.ws";
-  const int tile = k::head_tile_for(p.num_heads);
-  return "h" + std::to_string(tile) + ".mma";
-}
-
 size_t sparse_mla_workspace_bytes(const SparseMlaParams& p, int num_sms, int num_splits) {
   if (p.num_tokens <= 0) return 0;
-  return split_workspace_bytes(p.num_tokens, p.num_heads, num_splits > 0 ? num_splits : num_splits_for(p, num_sms));
+  return variant_for(p).workspace(p.num_tokens, p.num_heads,
+                                  num_splits > 0 ? num_splits : num_splits_for(p, num_sms));
 }
 
 void sparse_mla(const SparseMlaParams& p, void* workspace, size_t workspace_bytes, void* stream, int num_splits) {
   validate(p);
-  check_kernel_supports(p);
+  const CudaVariant& variant = variant_for(p);
+  check_call(p);
   SMLA_CHECK(num_splits >= 0 && num_splits <= kMaxSplits,
              "num_splits must be in [0, " + std::to_string(kMaxSplits) + "]; got " + std::to_string(num_splits));
   if (p.num_tokens == 0) return;  // empty problem: nothing to launch
 
   const int splits = num_splits > 0 ? num_splits : num_splits_for(p, current_num_sms());
-  const size_t need = split_workspace_bytes(p.num_tokens, p.num_heads, splits);
+  const size_t need = variant.workspace(p.num_tokens, p.num_heads, splits);
   SMLA_CHECK(workspace_bytes >= need && (need == 0 || workspace != nullptr),
              "workspace too small: this launch splits the top-k " + std::to_string(splits) + " ways and needs " +
                  std::to_string(need) + " bytes (sparse_mla_workspace_bytes); got " + std::to_string(workspace_bytes));
@@ -184,10 +131,7 @@ void sparse_mla(const SparseMlaParams& p, void* workspace, size_t workspace_byte
   kp.head_groups = k::head_groups_for(p.num_heads);
   kp.num_splits = splits;
   kp.topk = p.topk;
-  const k::RowFormat row_format = row_format_of(p.format);
-  kp.row_chunks = p.head_dim() * 2 / 16;
-  kp.raw_chunks = k::raw_row_chunks(row_format, p.rope_dim);
-  kp.raw_offset = row_format == k::RowFormat::kNative16 ? 0 : k::kRowBytesMax - 16 * kp.raw_chunks;
+  kp.raw_chunks = k::raw_row_chunks(p.format, p.rope_dim);
   kp.k_steps = p.head_dim() / 16;
   kp.q = p.q;
   kp.q_stride_t = p.q_stride_t, kp.q_stride_h = p.q_stride_h;
@@ -201,10 +145,6 @@ void sparse_mla(const SparseMlaParams& p, void* workspace, size_t workspace_byte
   kp.kv = static_cast<const uint8_t*>(p.kv);
   kp.kv_row_stride_bytes = p.kv_row_stride_bytes;
   kp.num_rows = p.num_rows;
-  const bool ws = runs_on_ws(p);
-  const int prefetch = l2_prefetch_env();
-  kp.l2_prefetch = prefetch < 0 ? !ws : prefetch > 0;
-  kp.l2_prefetch_steps = prefetch < 0 ? 0 : prefetch;
   kp.idx = p.idx;
   kp.idx_stride_t = p.idx_stride_t;
   kp.counts = p.counts;
@@ -224,42 +164,18 @@ void sparse_mla(const SparseMlaParams& p, void* workspace, size_t workspace_byte
     kp.part_out = reinterpret_cast<float*>(static_cast<uint8_t*>(workspace) + layout.part_out.offset);
     kp.part_lse = reinterpret_cast<float*>(static_cast<uint8_t*>(workspace) + layout.part_lse.offset);
   }
+#if SMLA_PHASE_TIMER
   kp.phase = phase::buffer();
+#endif
 
   auto s = static_cast<cudaStream_t>(stream);
   const bool fp16 = p.q_dtype == DType::kFP16;
-  const int tile = ws ? 64 : k::head_tile_for(p.num_heads);
-  // The one switch from runtime values to template arguments.
-  if (row_format == k::RowFormat::kFp8E4M3) {
-    if (ws && kp.q_e4m3 && q8_on()) k::launch_ws<ptx::Bf16, k::RowFormat::kFp8E4M3, true>(kp, s);
-    else if (ws) k::launch_ws<ptx::Bf16, k::RowFormat::kFp8E4M3>(kp, s);
-    else launch_quantized<k::RowFormat::kFp8E4M3>(tile, kp, s);
-  } else if (row_format == k::RowFormat::kFp8DsMla) {
-    if (ws && kp.q_e4m3 && q8_on()) k::launch_ws<ptx::Bf16, k::RowFormat::kFp8DsMla, true>(kp, s);
-    else if (ws) k::launch_ws<ptx::Bf16, k::RowFormat::kFp8DsMla>(kp, s);
-    else launch_quantized<k::RowFormat::kFp8DsMla>(tile, kp, s);
-  } else if (row_format == k::RowFormat::kNvFp4DsMla) {
-    if (ws) k::launch_ws<ptx::Bf16, k::RowFormat::kNvFp4DsMla>(kp, s);
-    else launch_quantized<k::RowFormat::kNvFp4DsMla>(tile, kp, s);
-  }
-  else if (fp16) {
-    if (tile == 16) k::launch_main<ptx::Fp16, 1>(kp, s);
-    else if (tile == 32) k::launch_main<ptx::Fp16, 2>(kp, s);
-    else if (ws) k::launch_ws<ptx::Fp16>(kp, s);
-    else k::launch_main<ptx::Fp16, 4>(kp, s);
-  } else {
-    if (tile == 16) k::launch_main<ptx::Bf16, 1>(kp, s);
-    else if (tile == 32) k::launch_main<ptx::Bf16, 2>(kp, s);
-    else if (ws) k::launch_ws<ptx::Bf16>(kp, s);
-    else k::launch_main<ptx::Bf16, 4>(kp, s);
-  }
+  kLaunch[&variant - kCudaVariants](kp, p.format, s);
   cudaError_t e = cudaGetLastError();
   SMLA_CHECK(e == cudaSuccess, std::string("sparse MLA kernel launch failed: ") + cudaGetErrorString(e));
   if (splits > 1) {
-    // PDL only behind the warp-specialized kernel (the one that triggers it early).
-    const bool pdl = ws && use_pdl();
-    if (fp16) k::launch_combine<ptx::Fp16>(kp, s, pdl);
-    else k::launch_combine<ptx::Bf16>(kp, s, pdl);
+    if (fp16) k::launch_combine<ptx::Fp16>(kp, s);
+    else k::launch_combine<ptx::Bf16>(kp, s);
     e = cudaGetLastError();
     SMLA_CHECK(e == cudaSuccess, std::string("sparse MLA split merge launch failed: ") + cudaGetErrorString(e));
   }

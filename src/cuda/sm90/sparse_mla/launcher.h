@@ -1,4 +1,4 @@
-// Declarations of the instantiated launchers of the SM90 sparse MLA kernel (one .cu per
+// Declarations of the instantiated launchers of the SM90 sparse MLA kernels (one .cu per
 // instantiation in this folder) and of the host entry that dispatches to them.
 #pragma once
 
@@ -9,13 +9,12 @@
 
 namespace smla::cuda::sm90::sparse_mla {
 
-// kRow: how cache rows are read (config.h); quantized formats use Elem = ptx::Bf16.
-template <typename Elem, int kMTiles, RowFormat kRow = RowFormat::kNative16>
-void launch_main(const KernelParams& p, cudaStream_t stream);
-// Head tile 64, warp-specialized; kQ8: an e4m3 q over fp8 rows (S on the fp8 tensor cores).
-template <typename Elem, RowFormat kRow = RowFormat::kNative16, bool kQ8 = false>
+// Head tile 64, warp-specialized, over rows of format kFormat (quantized formats use Elem =
+// ptx::Bf16); kQ8: an e4m3 q over fp8 rows (S on the fp8 tensor cores, score precision fp8).
+template <typename Elem, KvFormat kFormat, bool kQ8 = false>
 void launch_ws(const KernelParams& p, cudaStream_t stream);
+// The split-K merge, a programmatic dependent launch behind launch_ws.
 template <typename Elem>
-void launch_combine(const KernelParams& p, cudaStream_t stream, bool pdl);
+void launch_combine(const KernelParams& p, cudaStream_t stream);
 
 }  // namespace smla::cuda::sm90::sparse_mla

@@ -2,5 +2,5 @@
 #include "cuda/sm90/sparse_mla/kernel_ws.cuh"
 
 namespace smla::cuda::sm90::sparse_mla {
-template void launch_ws<ptx::Bf16, RowFormat::kNvFp4DsMla>(const KernelParams&, cudaStream_t);
+template void launch_ws<ptx::Bf16, KvFormat::kNvFP4DsMla>(const KernelParams&, cudaStream_t);
 }  // namespace smla::cuda::sm90::sparse_mla

@@ -1,6 +1,0 @@
-// Instantiation: bf16 cache, head tile 64.
-#include "cuda/sm90/sparse_mla/kernel.cuh"
-
-namespace smla::cuda::sm90::sparse_mla {
-template void launch_main<ptx::Bf16, 4>(const KernelParams&, cudaStream_t);
-}  // namespace smla::cuda::sm90::sparse_mla

@@ -1,6 +1,0 @@
-// Instantiation: fp8_e4m3 cache (dequantized to bf16 in shared memory), head tile 16.
-#include "cuda/sm90/sparse_mla/kernel.cuh"
-
-namespace smla::cuda::sm90::sparse_mla {
-template void launch_main<ptx::Bf16, 1, RowFormat::kFp8E4M3>(const KernelParams&, cudaStream_t);
-}  // namespace smla::cuda::sm90::sparse_mla
