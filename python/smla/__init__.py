@@ -58,7 +58,7 @@ __version__ = "0.1.0"
 __all__ = [
     "LATENT_DIM", "ROPE_DIM", "FORMATS", "DEEPSEEK_V32_SOFTMAX_SCALE", "SmlaError", "UnsupportedError", "Plan",
     "Schedule", "sparse_mla", "write_cache", "convert_indices", "finish_empty_rows", "merge_partials", "support",
-    "kernel_name", "replay", "dump_layer", "encode_rows", "decode_rows", "bf16_bits", "bf16_to_float",
+    "kernel_name", "kernel_for", "replay", "dump_layer", "encode_rows", "decode_rows", "bf16_bits", "bf16_to_float",
     "token_to_request", "reorder_batch_threshold", "owner_rank", "local_position", "row_bytes", "built_with_cuda",
     "cuda_device_count", "cuda_device_info", "current_stream",
 ]
@@ -132,7 +132,7 @@ def current_stream(device=None):
 
 def sparse_mla(q, kv, idx, *, format, softmax_scale, counts=None, sink=None, q_scale=1.0, k_scale=1.0,
                rope_dim=64, lse_base="e", return_lse=True, out=None, lse=None, stream=None, q_dtype=None,
-               out_dtype=None, workspace=None):
+               out_dtype=None, workspace=None, score_precision="bf16"):
     """Sparse MLA attention (DESIGN.md §1) in one call; returns ``(out, lse)``.
 
     q: [T, H, 512 + rope_dim] bf16/fp16 (e4m3 for the fp8_e4m3 and fp8_ds_mla caches), or the pair
@@ -149,6 +149,8 @@ def sparse_mla(q, kv, idx, *, format, softmax_scale, counts=None, sink=None, q_s
         unless q_dtype="fp16").
     stream: cudaStream_t int / torch.cuda.Stream / None (see the module docs).
     workspace: optional device byte buffer for split-K partials; allocated per call when needed.
+    score_precision: "bf16" (default) or "fp8": S = q·k on the fp8 tensor cores, for an e4m3 q
+        with an fp8 cache only (LSE within ~1e-2 of the reference instead of 1e-3; docs/python.md).
     """
     q_nope, q_pe = _split_q(q)
     T, H = int(q_nope.shape[0]), int(q_nope.shape[1])
@@ -164,7 +166,8 @@ def sparse_mla(q, kv, idx, *, format, softmax_scale, counts=None, sink=None, q_s
         "sparse_mla", _smla._sparse_mla, _dl(q_nope, "q"), _dl(q_pe, "q_pe"), _dl(kv, "kv"), _dl(idx, "idx"),
         _dl(counts, "counts"), _dl(sink, "sink"), _dl_out(out, "out"), _dl_out(lse, "lse"),
         format=str(format), softmax_scale=scale, q_scale=qs, k_scale=ks, rope_dim=rd, lse_base=base,
-        q_dtype=None if q_dtype is None else str(q_dtype), workspace=_dl_out(workspace, "workspace"),
+        q_dtype=None if q_dtype is None else str(q_dtype), score_precision=str(score_precision),
+        workspace=_dl_out(workspace, "workspace"),
         stream=_stream(stream, q_nope), alloc=_allocator(q_nope) if _is_cuda(q_nope) else None)
     return out, lse
 
@@ -173,7 +176,10 @@ class Plan:
     """A plan for one geometry (DESIGN.md §4): made once, shared by layers and threads.
 
     Plan(num_heads, topk, *, rope_dim=64, format="bf16", q_dtype="bf16", lse_base="e" (None: no
-    LSE), sink=False, max_rows=1, graph_sizes=(), batch_invariant=False, backend="cuda", device=0)
+    LSE), sink=False, score_precision="bf16", max_rows=1, graph_sizes=(), batch_invariant=False,
+    backend="cuda", device=0)
+
+    score_precision="fp8" plans the fp8 score path (an e4m3 q with an fp8 cache; docs/python.md).
 
     ``workspace_bytes`` is the scratch every run needs; the caller owns it. :meth:`run` checks
     the call against the plan (a geometry that was not planned raises, also during graph
@@ -181,14 +187,15 @@ class Plan:
     """
 
     def __init__(self, num_heads, topk, *, rope_dim=64, format="bf16", q_dtype="bf16", lse_base="e", sink=False,
-                 max_rows=1, graph_sizes=(), batch_invariant=False, backend="cuda", device=0):
+                 score_precision="bf16", max_rows=1, graph_sizes=(), batch_invariant=False, backend="cuda",
+                 device=0):
         i64 = (-(2**63), 2**63 - 1)
         self._plan = _smla._Plan(
             num_heads=_int(num_heads, "num_heads", what="the query head count (1 to 128)"),
             topk=_int(topk, "topk", what="the top-k capacity K (>= 1)"),
             rope_dim=_int(rope_dim, "rope_dim", what="64 or 0"),
             format=str(format), q_dtype=str(q_dtype), lse_base=_lse_base(lse_base), sink=bool(sink),
-            max_rows=_int(max_rows, "max_rows", *i64, "the largest T of any run"),
+            score_precision=str(score_precision), max_rows=_int(max_rows, "max_rows", *i64, "the largest T of any run"),
             graph_sizes=[_int(g, "graph_sizes", *i64, "the engine's CUDA-graph batch sizes (<= max_rows)")
                          for g in graph_sizes],
             batch_invariant=bool(batch_invariant), backend=str(backend),
@@ -196,7 +203,7 @@ class Plan:
 
     def __getattr__(self, name):
         # workspace_bytes, schedules, schedule_for, num_heads, topk, rope_dim, format, q_dtype,
-        # lse_base, sink, max_rows, backend, device
+        # lse_base, sink, score_precision, max_rows, backend, device
         plan = self.__dict__.get("_plan")
         if plan is None:
             raise AttributeError(name)
@@ -205,7 +212,8 @@ class Plan:
     def __repr__(self):
         p = self._plan
         return (f"smla.Plan(num_heads={p.num_heads}, topk={p.topk}, rope_dim={p.rope_dim}, format={p.format!r}, "
-                f"q_dtype={p.q_dtype!r}, lse_base={p.lse_base!r}, sink={p.sink}, max_rows={p.max_rows}, "
+                f"q_dtype={p.q_dtype!r}, lse_base={p.lse_base!r}, sink={p.sink}, "
+                f"score_precision={p.score_precision!r}, max_rows={p.max_rows}, "
                 f"backend={p.backend!r}, workspace_bytes={p.workspace_bytes})")
 
     def new_workspace(self, like):
@@ -359,11 +367,11 @@ def local_position(i, world, interleave):
 
 
 def support(num_heads=128, topk=2048, *, rope_dim=64, format="bf16", q_dtype="bf16", lse_base="e", sink=False,
-            backend="cuda", device=0):
+            score_precision="bf16", backend="cuda", device=0):
     """"" when `backend` ("cpu" / "cuda") can run this geometry here (on CUDA device `device`);
     otherwise one sentence that says what is unsupported and what to use instead."""
     return _smla._support(_int(num_heads, "num_heads"), _int(topk, "topk"), _int(rope_dim, "rope_dim"), str(format),
-                          str(q_dtype), _lse_base(lse_base), bool(sink), str(backend),
+                          str(q_dtype), _lse_base(lse_base), bool(sink), str(score_precision), str(backend),
                           _int(device, "device"))
 
 
@@ -371,6 +379,16 @@ def kernel_name(num_heads=128, topk=2048, *, rope_dim=64, format="bf16", q_dtype
     """Name of the CUDA kernel that would run the geometry, or "" when there is none."""
     return _smla._kernel_name(_int(num_heads, "num_heads"), _int(topk, "topk"), _int(rope_dim, "rope_dim"),
                               str(format), str(q_dtype))
+
+
+def kernel_for(num_heads=128, topk=2048, *, rope_dim=64, format="bf16", q_dtype="bf16", lse_base="e", sink=False,
+               score_precision="bf16", device=None):
+    """The CUDA kernel and variant that would run the geometry, "sm90/sparse_mla/<format>_d<D>/<variant>"
+    (e.g. ".../fp8_ds_mla_d576/h64.ws.q8" for score_precision="fp8"); the kernel family alone
+    (:func:`kernel_name`) when no variant runs it. device: a CUDA ordinal, or None for any SM90 GPU."""
+    return _smla._kernel_for(_int(num_heads, "num_heads"), _int(topk, "topk"), _int(rope_dim, "rope_dim"),
+                             str(format), str(q_dtype), _lse_base(lse_base), bool(sink), str(score_precision),
+                             None if device is None else _int(device, "device", what="a CUDA device ordinal"))
 
 
 # ---------------------------------------------------------------------------------------------

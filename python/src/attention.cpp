@@ -27,8 +27,8 @@ struct Bound {
 // rest.
 Bound bind_sparse_mla(const In& q, const OptIn& q_rope, const In& kv, const In& idx, const OptIn& counts,
                       const OptIn& sink, const Out& out, const OptOut& lse, KvFormat format, int rope_dim,
-                      LseMode lse_mode, const std::optional<DType>& q_hint, float softmax_scale, float q_scale,
-                      float k_scale) {
+                      LseMode lse_mode, const std::optional<DType>& q_hint, ScorePrecision score_precision,
+                      float softmax_scale, float q_scale, float k_scale) {
   SMLA_CHECK(rope_dim == 0 || rope_dim == kRopeDim, "rope_dim must be 64 (D = 576) or 0 (D = 512); got " + s(rope_dim));
   const int D = kLatentDim + rope_dim;
   Bound b;
@@ -48,6 +48,7 @@ Bound bind_sparse_mla(const In& q, const OptIn& q_rope, const In& kv, const In& 
   p.q_stride_t = vq.stride[0];
   p.q_stride_h = vq.stride[1];
   p.q_dtype = q_dtype_of(vq, q_hint ? &*q_hint : nullptr);
+  p.score_precision = score_precision;
 
   std::optional<View> vr;
   if (q_rope) {
@@ -149,10 +150,12 @@ std::pair<void*, size_t> workspace_of(const OptOut& ws, const Bound& b) {
 void call_sparse_mla(const In& q, const OptIn& q_rope, const In& kv, const In& idx, const OptIn& counts,
                      const OptIn& sink, const Out& out, const OptOut& lse, const std::string& format,
                      float softmax_scale, float q_scale, float k_scale, int rope_dim, const OptStr& lse_base,
-                     const OptStr& q_dtype, const OptOut& workspace, uintptr_t stream, nb::object alloc) {
+                     const OptStr& q_dtype, const std::string& score_precision, const OptOut& workspace,
+                     uintptr_t stream, nb::object alloc) {
   const KvFormat fmt = parse_kv_format(format);
+  const ScorePrecision sp = parse_score(score_precision);
   Bound b = bind_sparse_mla(q, q_rope, kv, idx, counts, sink, out, lse, fmt, rope_dim, parse_lse_base(lse_base),
-                            parse_hint(q_dtype), softmax_scale, q_scale, k_scale);
+                            parse_hint(q_dtype), sp, softmax_scale, q_scale, k_scale);
   DeviceGuard guard(b.device);
   PlanConfig cfg;
   cfg.geometry = geometry_of(b.p);
@@ -184,8 +187,8 @@ Bound bind_for_plan(const Plan& plan, const In& q, const OptIn& q_rope, const In
   const PlanConfig& cfg = plan.config();
   const Geometry& g = cfg.geometry;
   Bound b = bind_sparse_mla(q, q_rope, kv, idx, counts, sink, out, lse, g.format, g.rope_dim,
-                            g.lse_mode == LseMode::kOff ? LseMode::kBaseE : g.lse_mode, g.q_dtype, softmax_scale,
-                            q_scale, k_scale);
+                            g.lse_mode == LseMode::kOff ? LseMode::kBaseE : g.lse_mode, g.q_dtype,
+                            g.score_precision, softmax_scale, q_scale, k_scale);
   const bool want_cuda = cfg.backend == Backend::kCuda;
   SMLA_CHECK(b.device.cuda == want_cuda && (!want_cuda || b.device.id == cfg.device),
              "the plan runs on " + std::string(want_cuda ? "cuda:" + s(cfg.device) : "cpu") + " but the tensors are on " +
@@ -216,7 +219,7 @@ void plan_check(const Plan& plan, const In& q, const In& kv, const In& idx, cons
 }
 
 Geometry make_geometry(int num_heads, int topk, int rope_dim, const std::string& format, const std::string& q_dtype,
-                       const OptStr& lse_base, bool sink) {
+                       const OptStr& lse_base, bool sink, const std::string& score_precision) {
   Geometry g;
   g.num_heads = num_heads;
   g.topk = topk;
@@ -225,6 +228,7 @@ Geometry make_geometry(int num_heads, int topk, int rope_dim, const std::string&
   g.q_dtype = parse_dtype(q_dtype);
   g.lse_mode = parse_lse_base(lse_base);
   g.sink = sink;
+  g.score_precision = parse_score(score_precision);
   return g;
 }
 
@@ -233,7 +237,8 @@ Geometry make_geometry(int num_heads, int topk, int rope_dim, const std::string&
 void def_attention(nb::module_& m) {
   m.def("_sparse_mla", &call_sparse_mla, "q"_a, "q_rope"_a.none(), "kv"_a, "idx"_a, "counts"_a.none(), "sink"_a.none(),
         "out"_a, "lse"_a.none(), "format"_a, "softmax_scale"_a, "q_scale"_a, "k_scale"_a, "rope_dim"_a,
-        "lse_base"_a.none(), "q_dtype"_a.none(), "workspace"_a.none(), "stream"_a, "alloc"_a.none());
+        "lse_base"_a.none(), "q_dtype"_a.none(), "score_precision"_a, "workspace"_a.none(), "stream"_a,
+        "alloc"_a.none());
 
   nb::class_<Schedule>(m, "Schedule")
       .def_ro("bucket", &Schedule::bucket)
@@ -245,10 +250,10 @@ void def_attention(nb::module_& m) {
   nb::class_<Plan>(m, "_Plan")
       .def("__init__",
            [](Plan* self, int num_heads, int topk, int rope_dim, const std::string& format, const std::string& q_dtype,
-              const OptStr& lse_base, bool sink, int64_t max_rows, const std::vector<int64_t>& graph_sizes,
-              bool batch_invariant, const std::string& backend, int device) {
+              const OptStr& lse_base, bool sink, const std::string& score_precision, int64_t max_rows,
+              const std::vector<int64_t>& graph_sizes, bool batch_invariant, const std::string& backend, int device) {
              PlanConfig cfg;
-             cfg.geometry = make_geometry(num_heads, topk, rope_dim, format, q_dtype, lse_base, sink);
+             cfg.geometry = make_geometry(num_heads, topk, rope_dim, format, q_dtype, lse_base, sink, score_precision);
              cfg.max_rows = max_rows;
              cfg.graph_sizes = graph_sizes;
              cfg.batch_invariant = batch_invariant;
@@ -256,8 +261,8 @@ void def_attention(nb::module_& m) {
              cfg.device = device;
              new (self) Plan(cfg);
            },
-           "num_heads"_a, "topk"_a, "rope_dim"_a, "format"_a, "q_dtype"_a, "lse_base"_a.none(), "sink"_a, "max_rows"_a,
-           "graph_sizes"_a, "batch_invariant"_a, "backend"_a, "device"_a)
+           "num_heads"_a, "topk"_a, "rope_dim"_a, "format"_a, "q_dtype"_a, "lse_base"_a.none(), "sink"_a,
+           "score_precision"_a, "max_rows"_a, "graph_sizes"_a, "batch_invariant"_a, "backend"_a, "device"_a)
       .def_prop_ro("workspace_bytes", &Plan::workspace_bytes)
       .def_prop_ro("schedules", &Plan::schedules)
       .def("schedule_for", &Plan::schedule_for, "num_tokens"_a, nb::rv_policy::copy)
@@ -272,6 +277,8 @@ void def_attention(nb::module_& m) {
         return std::string(lm == LseMode::kBase2 ? "2" : "e");
       })
       .def_prop_ro("sink", [](const Plan& p) { return p.config().geometry.sink; })
+      .def_prop_ro("score_precision",
+                   [](const Plan& p) { return std::string(to_string(p.config().geometry.score_precision)); })
       .def_prop_ro("max_rows", [](const Plan& p) { return p.config().max_rows; })
       .def_prop_ro("backend", [](const Plan& p) { return std::string(to_string(p.config().backend)); })
       .def_prop_ro("device", [](const Plan& p) { return p.config().device; })
@@ -282,18 +289,33 @@ void def_attention(nb::module_& m) {
 
   m.def("_support",
         [](int num_heads, int topk, int rope_dim, const std::string& format, const std::string& q_dtype,
-           const OptStr& lse_base, bool sink, const std::string& backend, int device) {
+           const OptStr& lse_base, bool sink, const std::string& score_precision, const std::string& backend,
+           int device) {
           return backend_support(parse_backend(backend),
-                                 make_geometry(num_heads, topk, rope_dim, format, q_dtype, lse_base, sink), device)
+                                 make_geometry(num_heads, topk, rope_dim, format, q_dtype, lse_base, sink,
+                                               score_precision),
+                                 device)
               .reason;
         },
-        "num_heads"_a, "topk"_a, "rope_dim"_a, "format"_a, "q_dtype"_a, "lse_base"_a.none(), "sink"_a, "backend"_a,
-        "device"_a = 0);
+        "num_heads"_a, "topk"_a, "rope_dim"_a, "format"_a, "q_dtype"_a, "lse_base"_a.none(), "sink"_a,
+        "score_precision"_a, "backend"_a, "device"_a = 0);
   m.def("_kernel_name",
         [](int num_heads, int topk, int rope_dim, const std::string& format, const std::string& q_dtype) {
-          return cuda_kernel_name(make_geometry(num_heads, topk, rope_dim, format, q_dtype, std::string("e"), false));
+          return cuda_kernel_name(
+              make_geometry(num_heads, topk, rope_dim, format, q_dtype, std::string("e"), false, "bf16"));
         },
         "num_heads"_a, "topk"_a, "rope_dim"_a, "format"_a, "q_dtype"_a);
+  // The kernel and variant that would run the geometry on CUDA device `device` (None: any SM90
+  // GPU), "sm90/sparse_mla/<format>_d<D>/<variant>"; the family alone when no variant runs it.
+  m.def("_kernel_for",
+        [](int num_heads, int topk, int rope_dim, const std::string& format, const std::string& q_dtype,
+           const OptStr& lse_base, bool sink, const std::string& score_precision, std::optional<int> device) {
+          const Geometry g =
+              make_geometry(num_heads, topk, rope_dim, format, q_dtype, lse_base, sink, score_precision);
+          return device ? cuda_kernel_for(g, cuda_device(*device)) : cuda_kernel_for(g);
+        },
+        "num_heads"_a, "topk"_a, "rope_dim"_a, "format"_a, "q_dtype"_a, "lse_base"_a.none(), "sink"_a,
+        "score_precision"_a, "device"_a.none());
 }
 
 }  // namespace smla::py

@@ -540,6 +540,122 @@ def test_support_strings():
 
 
 # ---------------------------------------------------------------------------------------------
+# score precision (the fp8 score path is a plan option: an e4m3 q with an fp8 cache only)
+
+
+def _one_line(excinfo, *words):
+    e = excinfo.value
+    assert isinstance(e, smla.SmlaError), f"{type(e).__name__}: {e}"
+    msg = str(e)
+    assert "\n" not in msg, msg
+    for w in words:
+        assert w in msg, f"{w!r} not in {msg!r}"
+
+
+def test_score_precision_is_a_plan_option():
+    plan = smla.Plan(16, 64, backend="cpu")
+    assert plan.score_precision == "bf16"
+    assert "score_precision='bf16'" in repr(plan)
+    for fmt in ["fp8_e4m3", "fp8_ds_mla"]:
+        p8 = smla.Plan(16, 64, format=fmt, q_dtype="e4m3", score_precision="fp8", backend="cpu")
+        assert p8.score_precision == "fp8" and p8.format == fmt and p8.q_dtype == "e4m3"
+        assert "score_precision='fp8'" in repr(p8)
+        assert smla.support(16, 64, format=fmt, q_dtype="e4m3", score_precision="fp8", backend="cpu") == ""
+        # an e4m3 q with bf16 scores stays supported (the q is widened to bf16)
+        assert smla.Plan(16, 64, format=fmt, q_dtype="e4m3", score_precision="bf16",
+                         backend="cpu").score_precision == "bf16"
+
+
+@pytest.mark.parametrize("fmt,q_dtype", [("fp8_ds_mla", "bf16"), ("fp8_e4m3", "bf16"), ("bf16", "bf16"),
+                                         ("fp16", "fp16"), ("nvfp4_ds_mla", "bf16")])
+def test_fp8_scores_need_an_e4m3_q(fmt, q_dtype):
+    reason = smla.support(16, 64, format=fmt, q_dtype=q_dtype, score_precision="fp8", backend="cpu")
+    assert "score precision fp8 multiplies an e4m3 q with fp8 rows" in reason, reason
+    assert f"a {q_dtype} q with a {fmt} cache" in reason and "use score precision bf16" in reason, reason
+    assert "\n" not in reason
+    with pytest.raises(smla.UnsupportedError) as ei:
+        smla.Plan(16, 64, format=fmt, q_dtype=q_dtype, score_precision="fp8", backend="cpu")
+    _one_line(ei, reason)
+    # the one-call path makes the same plan and is refused the same way
+    rng = np.random.default_rng(31)
+    cache, rows, _, _ = make_cache(rng, fmt, 20)
+    q, _ = make_q(rng, 2, 16, 576, q_dtype)
+    idx = random_idx(rng, 2, 64, len(rows))
+    with pytest.raises(smla.UnsupportedError) as ei:
+        smla.sparse_mla(q, cache, idx, format=fmt, softmax_scale=DS_SCALE, score_precision="fp8")
+    _one_line(ei, "score precision fp8 multiplies an e4m3 q")
+    # an e4m3 q with a cache that is not fp8 is refused before the score precision is looked at
+    if fmt not in ("fp8_e4m3", "fp8_ds_mla"):
+        assert "e4m3 q is only read with the fp8 caches" in smla.support(
+            16, 64, format=fmt, q_dtype="e4m3", score_precision="fp8", backend="cpu")
+
+
+@pytest.mark.parametrize("bad", ["fp16", "FP8", "", "e4m3", 8])
+def test_invalid_score_precision_is_one_line(bad):
+    words = ("score_precision", '"bf16"', '"fp8"', f'"{bad}"')
+    with pytest.raises(smla.SmlaError) as ei:
+        smla.Plan(16, 64, format="fp8_ds_mla", q_dtype="e4m3", score_precision=bad, backend="cpu")
+    _one_line(ei, *words)
+    with pytest.raises(smla.SmlaError) as ei:
+        smla.support(16, 64, score_precision=bad, backend="cpu")
+    _one_line(ei, *words)
+    with pytest.raises(smla.SmlaError) as ei:
+        smla.kernel_for(16, 64, score_precision=bad)
+    _one_line(ei, *words)
+    rng = np.random.default_rng(32)
+    cache, rows, _, _ = make_cache(rng, "fp8_ds_mla", 20)
+    q8 = ref.e4m3_encode(rng.standard_normal((2, 16, 576)))
+    with pytest.raises(smla.SmlaError) as ei:
+        smla.sparse_mla(q8, cache, random_idx(rng, 2, 64, len(rows)), format="fp8_ds_mla", softmax_scale=DS_SCALE,
+                        score_precision=bad)
+    _one_line(ei, *words)
+
+
+@pytest.mark.parametrize("fmt", ["fp8_e4m3", "fp8_ds_mla"])
+def test_cpu_fp8_scores_equal_bf16_scores(fmt):
+    # The CPU reference accepts score_precision="fp8" and sums every product in float64 whatever
+    # it says: the fp8 plan's result is the bf16 plan's, bit for bit, and both are the reference.
+    rng = np.random.default_rng(33)
+    T, H, K, N, q_scale = 5, 8, 40, 60, 0.05
+    k_scale = 0.3 if fmt == "fp8_e4m3" else 1.0
+    cache, rows, _, _ = make_cache(rng, fmt, N, k_scale=k_scale)
+    q8 = ref.e4m3_encode(rng.standard_normal((T, H, 576)) * 20)
+    idx = random_idx(rng, T, K, len(rows))
+    counts = rng.integers(0, K + 1, size=T).astype(np.int32)
+    results = {}
+    for sp in ["bf16", "fp8"]:
+        plan = smla.Plan(H, K, format=fmt, q_dtype="e4m3", score_precision=sp, max_rows=T, backend="cpu")
+        out = np.full((T, H, 512), np.nan, np.float32)
+        lse = np.full((T, H), np.nan, np.float32)
+        plan.check(q8, cache, idx, out, softmax_scale=DS_SCALE, counts=counts, lse=lse, q_scale=q_scale,
+                   k_scale=k_scale)
+        plan.run(q8, cache, idx, out, softmax_scale=DS_SCALE, counts=counts, lse=lse, q_scale=q_scale,
+                 k_scale=k_scale)
+        results[sp] = (out, lse)
+    np.testing.assert_array_equal(results["fp8"][0], results["bf16"][0])
+    np.testing.assert_array_equal(results["fp8"][1], results["bf16"][1])
+    want_out, want_lse = ref.sparse_mla(ref.e4m3_decode(q8), rows, idx, DS_SCALE, q_scale=q_scale, counts=counts)
+    assert rel_l2(results["fp8"][0], want_out) < 1e-5 and lse_diff(results["fp8"][1], want_lse) < 1e-4
+    # the one-call path takes the keyword too, with the same result
+    out1, lse1 = smla.sparse_mla(q8, cache, idx, format=fmt, softmax_scale=DS_SCALE, counts=counts,
+                                 q_scale=q_scale, k_scale=k_scale, out_dtype="f32", score_precision="fp8")
+    np.testing.assert_array_equal(out1, results["bf16"][0])
+    np.testing.assert_array_equal(lse1, results["bf16"][1])
+
+
+def test_kernel_for_names_the_score_variant():
+    base = "sm90/sparse_mla/fp8_ds_mla_d576"
+    assert smla.kernel_for(64, 2048, format="fp8_ds_mla", q_dtype="e4m3", score_precision="fp8") == base + "/h64.ws.q8"
+    assert smla.kernel_for(64, 2048, format="fp8_ds_mla", q_dtype="e4m3") == base + "/h64.ws"
+    assert smla.kernel_for(64, 2048, format="fp8_e4m3", q_dtype="e4m3",
+                           score_precision="fp8") == "sm90/sparse_mla/fp8_e4m3_d576/h64.ws.q8"
+    assert smla.kernel_for(64, 2048, format="bf16") == "sm90/sparse_mla/bf16_d576/h64.ws"
+    # no variant computes fp8 scores from a bf16 q: the kernel family alone
+    assert smla.kernel_for(64, 2048, format="fp8_ds_mla", score_precision="fp8") == base
+    assert smla.kernel_name(64, 2048, format="fp8_ds_mla", q_dtype="e4m3") == base
+
+
+# ---------------------------------------------------------------------------------------------
 # replay
 
 

@@ -461,3 +461,109 @@ def test_any_device():
     assert rel_l2(out.float().cpu().numpy(), want_out) <= 1e-2
     assert lse_diff(lse.cpu().numpy(), want_lse) <= 1e-3
     torch.testing.assert_close(out2, out, rtol=0, atol=0)
+
+
+# ---------------------------------------------------------------------------------------------
+# fp8 scores: Plan(score_precision="fp8") runs h64.ws.q8 (S = q·k on the fp8 tensor cores) for an
+# e4m3 q over an fp8 cache; DESIGN.md §8's fp8-product bar against the reference on the same e4m3
+# q and the dequantized rows: rel L2 <= 5e-3, LSE abs <= 1e-2, mean signed LSE error within 1e-3
+
+
+@pytest.mark.parametrize("fmt", ["fp8_ds_mla", "fp8_e4m3"])
+@pytest.mark.parametrize("T,H,K,N", [(8, 64, 512, 3000), (3, 128, 2048, 5000), (130, 16, 200, 1000)])
+def test_fp8_scores_plan_run_matches_cpu_reference(fmt, T, H, K, N):
+    q_scale = 0.05
+    k_scale = 0.3 if fmt == "fp8_e4m3" else 1.0
+    reason = smla.support(H, K, format=fmt, q_dtype="e4m3", score_precision="fp8", backend="cuda")
+    assert reason == "", reason
+    assert smla.kernel_for(H, K, format=fmt, q_dtype="e4m3", score_precision="fp8",
+                           device=0) == f"sm90/sparse_mla/{fmt}_d576/h64.ws.q8"
+    assert smla.kernel_for(H, K, format=fmt, q_dtype="e4m3", device=0).endswith("/h64.ws")
+
+    g = torch.Generator(device="cpu").manual_seed(T * 1000 + H)
+    q8 = (torch.randn(T, H, 576, generator=g) * 20).to(torch.float8_e4m3fn).to(DEV)
+    latent = (torch.randn(N, 512, generator=g) * 2).to(torch.bfloat16).to(DEV)
+    rope = (torch.randn(N, 64, generator=g) * 2).to(torch.bfloat16).to(DEV)
+    cache = torch.zeros(N, smla.row_bytes(fmt, 64), dtype=torch.uint8, device=DEV)
+    smla.write_cache(latent, rope, torch.arange(N, dtype=torch.int32, device=DEV), cache, format=fmt,
+                     k_scale=k_scale)
+    idx = torch.randint(0, N, (T, K), generator=g, dtype=torch.int32)
+    r = torch.rand(T, K, generator=g)
+    idx[r < 0.1] = -1
+    idx[(r >= 0.1) & (r < 0.15)] = N + 5
+    if T > 1:
+        idx[0] = -1  # an all-invalid row: out 0, LSE -inf
+    used = torch.zeros(N, dtype=torch.bool)
+    sel = idx[(idx >= 0) & (idx < N)].long()
+    used[sel] = True
+    cache[~used.to(DEV)] = 0xFF  # unselected rows are NaN (e4m3 0xff, fp32 scales 0xffffffff)
+    idx = idx.to(DEV)
+
+    plan = smla.Plan(H, K, format=fmt, q_dtype="e4m3", score_precision="fp8", max_rows=T)
+    assert plan.score_precision == "fp8"
+    ws = plan.new_workspace(q8)
+    out = torch.full((T, H, 512), float("nan"), dtype=torch.bfloat16, device=DEV)  # poisoned
+    lse = torch.full((T, H), float("nan"), dtype=torch.float32, device=DEV)
+    plan.run(q8, cache, idx, out, softmax_scale=DS_SCALE, lse=lse, q_scale=q_scale, k_scale=k_scale, workspace=ws)
+    torch.cuda.synchronize()
+
+    want_out, want_lse = smla.sparse_mla(q8.view(torch.uint8).cpu().numpy(), cache.cpu().numpy(), host(idx),
+                                         format=fmt, softmax_scale=DS_SCALE, q_scale=q_scale, k_scale=k_scale,
+                                         out_dtype="f32")
+    got_out, got_lse = out.float().cpu().numpy(), lse.cpu().numpy()
+    assert np.isfinite(got_out).all()
+    err = rel_l2(got_out, want_out)
+    lerr = lse_diff(got_lse, want_lse)
+    finite = np.isfinite(want_lse)
+    assert (np.isneginf(got_lse) == np.isneginf(want_lse)).all()
+    mean = float(np.mean(got_lse[finite].astype(np.float64) - want_lse[finite]))
+    print(f"[fp8 S] {fmt} T={T} H={H} K={K}: out rel L2 {err:.2e}, LSE max abs {lerr:.2e}, mean signed {mean:+.2e}")
+    assert err <= 5e-3
+    assert lerr <= 1e-2
+    assert abs(mean) <= 1e-3, "the fp8 score sums are biased"
+
+    # the plan's precision travels in the params it builds: a bf16-score plan gives the h64.ws
+    # result (within the bf16 bar), the one-call path and the custom op take the keyword too
+    plan16 = smla.Plan(H, K, format=fmt, q_dtype="e4m3", max_rows=T)
+    out16 = torch.empty_like(out)
+    lse16 = torch.empty_like(lse)
+    plan16.run(q8, cache, idx, out16, softmax_scale=DS_SCALE, lse=lse16, q_scale=q_scale, k_scale=k_scale,
+               workspace=plan16.new_workspace(q8))
+    out1, lse1 = smla.sparse_mla(q8, cache, idx, format=fmt, softmax_scale=DS_SCALE, q_scale=q_scale,
+                                 k_scale=k_scale, score_precision="fp8")
+    out2, lse2 = torch.ops.smla.sparse_mla(q8, None, cache, idx, None, None, fmt, DS_SCALE, q_scale, k_scale, 64,
+                                           "e", "fp8")
+    torch.cuda.synchronize()
+    assert rel_l2(out16.float().cpu().numpy(), want_out) <= 1e-2
+    assert lse_diff(lse16.cpu().numpy(), want_lse) <= 1e-3
+    for o, x in [(out1, lse1), (out2, lse2)]:
+        assert rel_l2(o.float().cpu().numpy(), want_out) <= 5e-3
+        assert lse_diff(x.cpu().numpy(), want_lse) <= 1e-2
+
+
+def test_fp8_scores_custom_op_under_torch_compile():
+    T, H, K, N = 4, 16, 128, 600
+    g = torch.Generator(device="cpu").manual_seed(5)
+    q8 = (torch.randn(T, H, 576, generator=g) * 20).to(torch.float8_e4m3fn).to(DEV)
+    cache = torch.zeros(N, smla.row_bytes("fp8_ds_mla", 64), dtype=torch.uint8, device=DEV)
+    smla.write_cache((torch.randn(N, 512, generator=g) * 2).to(torch.bfloat16).to(DEV),
+                     (torch.randn(N, 64, generator=g) * 2).to(torch.bfloat16).to(DEV),
+                     torch.arange(N, dtype=torch.int32, device=DEV), cache, format="fp8_ds_mla")
+    idx = torch.randint(0, N, (T, K), generator=g, dtype=torch.int32).to(DEV)
+
+    def layer(q8, cache, idx):
+        out, lse = torch.ops.smla.sparse_mla(q8, None, cache, idx, None, None, "fp8_ds_mla", DS_SCALE, 0.05, 1.0,
+                                             64, "e", "fp8")
+        return out.float() * 2.0, lse + 1.0
+
+    torch._dynamo.reset()
+    got_out, got_lse = torch.compile(layer, fullgraph=True)(q8, cache, idx)
+    want_out, want_lse = smla.sparse_mla(q8.view(torch.uint8).cpu().numpy(), cache.cpu().numpy(), host(idx),
+                                         format="fp8_ds_mla", softmax_scale=DS_SCALE, q_scale=0.05, out_dtype="f32")
+    assert rel_l2(got_out.cpu().numpy() / 2.0, want_out) <= 5e-3
+    assert lse_diff(got_lse.cpu().numpy() - 1.0, want_lse) <= 1e-2
+    torch.library.opcheck(torch.ops.smla.sparse_mla.default,
+                          (q8, None, cache, idx, None, None, "fp8_ds_mla", DS_SCALE, 0.05, 1.0, 64, "e", "fp8"),
+                          test_utils=("test_schema", "test_faketensor"))
+    with pytest.raises(smla.SmlaError, match=r'score_precision must be "bf16" or "fp8"'):
+        torch.ops.smla.sparse_mla(q8, None, cache, idx, None, None, "fp8_ds_mla", DS_SCALE, 0.05, 1.0, 64, "e", "f8")
