@@ -7,14 +7,19 @@
 //      position -> slot map), kIlp entries per thread in flight;
 //   2. sorts the misses by position and the candidate slots by (stamp, slot) with two block-wide
 //      radix sorts (R <= 8192 slots: 16 keys per thread), pairs them rank by rank, updates map,
-//      slot positions and stamps, and copies the missing rows straight from pinned host memory
-//      into the hot buffer (16 bytes per thread, kCopyUnroll loads in flight per thread);
+//      slot positions and stamps, and writes the copy list (pool row, slot) to the workspace;
 //   3. writes the physical hot rows of every token (compacted in entry order by a block scan) and
 //      its count, advances the request's clock and adds its counters (fire-and-forget atomics).
 //
-// A step that hits everything is one pass over the entries with no sort and no copy. A step with
-// misses copies them from the SMs of the requests that miss: with B requests missing, B blocks
-// of 512 threads x kCopyUnroll x 16 B are in flight.
+// copy_kernel then copies the listed rows straight from pinned host memory into the hot buffer:
+// blocks_per_req blocks per request (about 8 x #SMs blocks in all, so that one request's misses
+// are spread over many SMs), 256 threads x kCopyUnroll 16-byte loads in flight per block, the
+// same shape as the plain gather the benchmark holds it to. Both launches have a fixed shape for
+// a given (num_reqs, topk), so a step can be captured in a graph.
+//
+// A step that hits everything is one pass over the entries with no sort; when its request has one
+// token of K <= kThreads * kIlp entries, the rows are written from the registers of that pass
+// (no second read of positions or map), and copy_kernel's blocks read a zero miss count and exit.
 //
 // Device-side bad input (request ids, lengths, positions with no pool row) never reaches memory:
 // it is counted in TieredCounters::errors and those tokens/entries come out empty.
@@ -40,7 +45,7 @@ constexpr int kItems = 16;  // sort keys per thread
 static_assert(kThreads * kItems == kTieredMaxHotSlots);
 constexpr int kSlotBits = 13;  // slot < 8192
 constexpr int kIlp = 4;        // top-k entries per thread per pass (loads in flight)
-constexpr int kCopyUnroll = 16;  // 16-byte host loads in flight per thread: 128 KB per block
+constexpr int kCopyUnroll = 16;  // 16-byte host loads in flight per thread: 64 KB per 256-thread block
 
 // One missing row to copy: its host-pool row and hot slot.
 struct CopyJob {
@@ -76,6 +81,8 @@ struct ResolveParams {
   int32_t* phys;                // [T, K], row stride phys_stride_t
   int64_t phys_stride_t;
   int32_t* counts;              // nullable [T]
+  int32_t* miss_count;          // workspace: [max_requests] rows to copy per request
+  CopyJob* jobs;                // workspace: [max_requests, R] the rows to copy
 };
 
 using SortPos = cub::BlockRadixSort<uint32_t, kThreads, kItems>;
@@ -87,7 +94,6 @@ struct ResolveSmem {
     int32_t miss[kTieredMaxHotSlots];     // missing positions, in claim order (phase 1)
     typename SortPos::TempStorage sort_pos;
     typename SortSlot::TempStorage sort_slot;
-    CopyJob jobs[kTieredMaxHotSlots];     // the rows to copy, by rank (phase 2, after the sorts)
     typename Scan::TempStorage scan;
   };
   int32_t sorted_miss[kTieredMaxHotSlots];     // the misses by position (phase 2; frees registers)
@@ -154,36 +160,54 @@ __device__ void collect_tokens(const ResolveParams& p, int r, ResolveSmem& sm, i
 
 // Phase 1: stamp hits, claim misses. Each thread takes kIlp entries per pass (strided, so loads
 // coalesce) and issues their loads together: one token row of K = 2048 is one pass.
-__device__ void classify_entries(const ResolveParams& p, int r, int32_t len, uint32_t now, ResolveSmem& sm) {
+// Thread t takes entries base + t * kIlp .. + kIlp - 1 (the blocked order write_rows scans in), so
+// that a single pass (one token, K <= kThreads * kIlp) leaves in keep_pos/keep_slot exactly what
+// write_rows would read back when the step has no miss.
+__device__ void classify_entries(const ResolveParams& p, int r, int32_t len, uint32_t now, ResolveSmem& sm,
+                                 int32_t (&keep_pos)[kIlp], int32_t (&keep_slot)[kIlp]) {
   int32_t* map = p.pos_slot + int64_t(r) * p.max_positions;
   uint32_t* stamps = p.stamps + int64_t(r) * p.R;
   unsigned long long hits = 0, errors = 0;
   bool newest = false;
   for (int i = 0; i < sm.num_tokens; ++i) {
     const int32_t* row = p.positions + int64_t(sm.tokens[i]) * p.pos_stride_t;
+    // One 16-byte load per thread when the row allows it (the common dense [T, K] case).
+    const bool vec = (reinterpret_cast<uintptr_t>(row) & 15) == 0;
     for (int base = 0; base < p.topk; base += kThreads * kIlp) {
+      const int first = base + int(threadIdx.x) * kIlp;
       int32_t pos[kIlp], slot[kIlp];
       EntryKind kind[kIlp];
+      if (vec && first + kIlp <= p.topk) {
+        const int4 v = *reinterpret_cast<const int4*>(row + first);
+        pos[0] = v.x, pos[1] = v.y, pos[2] = v.z, pos[3] = v.w;
+      } else {
 #pragma unroll
-      for (int u = 0; u < kIlp; ++u) {
-        const int j = base + u * kThreads + int(threadIdx.x);
-        pos[u] = j < p.topk ? row[j] : -1;
+        for (int u = 0; u < kIlp; ++u) pos[u] = first + u < p.topk ? row[first + u] : -1;
       }
 #pragma unroll
       for (int u = 0; u < kIlp; ++u) kind[u] = classify(len, pos[u]);
 #pragma unroll
       for (int u = 0; u < kIlp; ++u) slot[u] = kind[u] == kOld ? map[pos[u]] : -3;
+      // The hits' stamp exchanges go out together (one round trip, not kIlp); a position already
+      // stamped `now` by another entry of this step is not counted again.
+      uint32_t old[kIlp];
+#pragma unroll
+      for (int u = 0; u < kIlp; ++u) old[u] = now;
+#pragma unroll
+      for (int u = 0; u < kIlp; ++u)
+        if (slot[u] >= 0) old[u] = atomicExch(&stamps[slot[u]], now);
 #pragma unroll
       for (int u = 0; u < kIlp; ++u) {
         newest |= kind[u] == kNewest;
-        if (slot[u] >= 0) {
-          if (atomicExch(&stamps[slot[u]], now) != now) ++hits;  // distinct positions counted once
-        } else if (slot[u] == -1) {  // a miss: its pool row is read only here, off the hit path
+        hits += old[u] != now;
+        if (slot[u] == -1) {  // a miss: its pool row is read only here, off the hit path
           if (pool_row_of(p, r, pos[u]) < 0) ++errors;
           else if (atomicCAS(&map[pos[u]], -1, -2) == -1)
             sm.miss[atomicAdd(&sm.num_miss, 1)] = pos[u];  // at most R - 1 distinct positions (plan rule)
         }
       }
+#pragma unroll
+      for (int u = 0; u < kIlp; ++u) keep_pos[u] = pos[u], keep_slot[u] = slot[u];
     }
   }
   if (hits) atomicAdd(&sm.hits, hits);
@@ -210,9 +234,9 @@ __device__ void sort_misses(const ResolveParams& p, int num_miss, ResolveSmem& s
   }
 }
 
-// Phase 2b: misses by position meet candidate slots by (stamp, slot), rank by rank; then the
-// block copies the missing rows from the host pool.
-__device__ void assign_and_copy(const ResolveParams& p, int r, uint32_t now, ResolveSmem& sm) {
+// Phase 2b: misses by position meet candidate slots by (stamp, slot), rank by rank; the rows to
+// copy go to the workspace's copy list (copy_kernel moves them).
+__device__ void assign_slots(const ResolveParams& p, int r, uint32_t now, ResolveSmem& sm) {
   const int num_miss = sm.num_miss;
   sort_misses(p, num_miss, sm);
   __syncthreads();
@@ -226,9 +250,9 @@ __device__ void assign_and_copy(const ResolveParams& p, int r, uint32_t now, Res
   }
   // Stamps are <= now: keys below 2^(kSlotBits + bit width of now); the padding sorts last.
   SortSlot(sm.sort_slot).Sort(key, 0, kSlotBits + 32 - __clz(int(now)));
-  __syncthreads();  // the sort's storage becomes the copy list
   int32_t* map = p.pos_slot + int64_t(r) * p.max_positions;
   int32_t* slot_pos = p.slot_pos + int64_t(r) * p.R;
+  CopyJob* jobs = p.jobs + int64_t(r) * p.R;
 #pragma unroll
   for (int k = 0; k < kItems; ++k) {
     const int i = int(threadIdx.x) * kItems + k;
@@ -238,31 +262,7 @@ __device__ void assign_and_copy(const ResolveParams& p, int r, uint32_t now, Res
     const int32_t old = slot_pos[s];
     if (old >= 0) map[old] = -1;
     map[q] = s, slot_pos[s] = q, stamps[s] = now;
-    sm.jobs[i] = CopyJob{int32_t(pool_row_of(p, r, q)), s};
-  }
-  __syncthreads();
-  // Rows of 16-byte pieces; thread t takes pieces t, t + kThreads, ..., kCopyUnroll loads at once.
-  const int pieces = p.row_bytes / 16;
-  const int total = num_miss * pieces;
-  uint8_t* hot = p.hot + int64_t(r) * p.R * p.hot_stride;
-  for (int base = int(threadIdx.x); base < total; base += kThreads * kCopyUnroll) {
-    uint4 v[kCopyUnroll];
-#pragma unroll
-    for (int u = 0; u < kCopyUnroll; ++u) {
-      const int i = base + u * kThreads;
-      if (i < total) {
-        const CopyJob job = sm.jobs[i / pieces];
-        v[u] = *reinterpret_cast<const uint4*>(p.pool + int64_t(job.src_row) * p.pool_stride + 16 * (i % pieces));
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kCopyUnroll; ++u) {
-      const int i = base + u * kThreads;
-      if (i < total) {
-        const CopyJob job = sm.jobs[i / pieces];
-        *reinterpret_cast<uint4*>(hot + int64_t(job.slot) * p.hot_stride + 16 * (i % pieces)) = v[u];
-      }
-    }
+    jobs[i] = CopyJob{int32_t(pool_row_of(p, r, q)), s};
   }
 }
 
@@ -302,6 +302,31 @@ __device__ void write_rows(const ResolveParams& p, int r, int32_t len, ResolveSm
   }
 }
 
+// Phase 3 for a step without a miss whose request has one token and K <= kThreads * kIlp: the
+// single classify pass left each thread's entries and their map slots in registers, and no map
+// entry changed since (a claim would have been a miss), so this writes what write_rows would.
+__device__ void write_row_from_regs(const ResolveParams& p, int r, int32_t len, ResolveSmem& sm,
+                                    const int32_t (&pos)[kIlp], const int32_t (&map_slot)[kIlp]) {
+  const int64_t t = sm.tokens[0];
+  int32_t* out = p.phys + t * p.phys_stride_t;
+  int32_t phys[kIlp];
+  int valid[kIlp], offset[kIlp];
+#pragma unroll
+  for (int u = 0; u < kIlp; ++u) {
+    const EntryKind k = classify(len, pos[u]);
+    const int32_t slot = k == kNewest ? p.R - 1 : k == kOld ? map_slot[u] : -1;
+    phys[u] = slot >= 0 ? r * p.R + slot : -1;
+    valid[u] = slot >= 0;
+  }
+  int n;
+  Scan(sm.scan).ExclusiveSum(valid, offset, n);
+#pragma unroll
+  for (int u = 0; u < kIlp; ++u)
+    if (valid[u]) out[offset[u]] = phys[u];
+  for (int j = n + int(threadIdx.x); j < p.topk; j += kThreads) out[j] = -1;
+  if (threadIdx.x == 0 && p.counts) p.counts[t] = n;
+}
+
 __global__ void __launch_bounds__(kThreads) resolve_kernel(ResolveParams p) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   ResolveSmem& sm = *reinterpret_cast<ResolveSmem*>(smem_raw);
@@ -313,11 +338,16 @@ __global__ void __launch_bounds__(kThreads) resolve_kernel(ResolveParams p) {
   collect_tokens(p, r, sm, len);
   const bool live = sm.num_tokens > 0 && !sm.bad;
   if (live) {
-    classify_entries(p, r, len, now, sm);
+    int32_t keep_pos[kIlp], keep_slot[kIlp];
+    classify_entries(p, r, len, now, sm, keep_pos, keep_slot);
     __syncthreads();
-    if (sm.num_miss > 0) assign_and_copy(p, r, now, sm);
-    __syncthreads();  // map writes of every thread are visible to the block; the scan reuses the union
-    write_rows(p, r, len, sm);
+    if (sm.num_miss == 0 && sm.num_tokens == 1 && p.topk <= kThreads * kIlp) {
+      write_row_from_regs(p, r, len, sm, keep_pos, keep_slot);
+    } else {
+      if (sm.num_miss > 0) assign_slots(p, r, now, sm);
+      __syncthreads();  // map writes of every thread are visible to the block; the scan reuses the union
+      write_rows(p, r, len, sm);
+    }
   } else if (sm.num_tokens > 0) {  // a dropped request: every one of its tokens comes out empty
     for (int64_t t = 0; t < p.num_tokens; ++t)
       if (req_of(p, t) == r) write_empty_row(p, t);
@@ -331,6 +361,7 @@ __global__ void __launch_bounds__(kThreads) resolve_kernel(ResolveParams p) {
   }
   __syncthreads();
   if (threadIdx.x == 0) {
+    if (r < p.num_reqs) p.miss_count[r] = sm.num_miss;  // 0 unless live: copy_kernel's row count
     if (live) *clock = now;
     const unsigned long long hits = sm.hits + (sm.newest_used ? 1 : 0);
     if (hits) atomicAdd(reinterpret_cast<unsigned long long*>(&p.ctr->hits), hits);
@@ -340,6 +371,38 @@ __global__ void __launch_bounds__(kThreads) resolve_kernel(ResolveParams p) {
     }
     if (sm.errors) atomicAdd(reinterpret_cast<unsigned long long*>(&p.ctr->errors), sm.errors);
     if (r == 0) atomicAdd(&p.ctr->clock, 1u);  // steps resolved
+  }
+}
+
+// Copies the rows of the copy lists: request blockIdx.x / blocks_per_req, the part blockIdx.x %
+// blocks_per_req of its 16-byte pieces (strided, kCopyUnroll loads in flight per thread).
+constexpr int kCopyThreads = 256;
+__global__ void __launch_bounds__(kCopyThreads) copy_kernel(const int32_t* miss_count, const CopyJob* jobs_all, int R,
+                                                            int blocks_per_req, int pieces, const uint8_t* pool,
+                                                            int64_t pool_stride, uint8_t* hot_all, int64_t hot_stride) {
+  const int r = int(blockIdx.x) / blocks_per_req, part = int(blockIdx.x) % blocks_per_req;
+  const int total = miss_count[r] * pieces;
+  const CopyJob* jobs = jobs_all + int64_t(r) * R;
+  uint8_t* hot = hot_all + int64_t(r) * R * hot_stride;
+  const int step = blocks_per_req * kCopyThreads * kCopyUnroll;
+  for (int base = part * kCopyThreads * kCopyUnroll + int(threadIdx.x); base < total; base += step) {
+    uint4 v[kCopyUnroll];
+#pragma unroll
+    for (int u = 0; u < kCopyUnroll; ++u) {
+      const int i = base + u * kCopyThreads;
+      if (i < total) {
+        const CopyJob job = jobs[i / pieces];
+        v[u] = *reinterpret_cast<const uint4*>(pool + int64_t(job.src_row) * pool_stride + 16 * (i % pieces));
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kCopyUnroll; ++u) {
+      const int i = base + u * kCopyThreads;
+      if (i < total) {
+        const CopyJob job = jobs[i / pieces];
+        *reinterpret_cast<uint4*>(hot + int64_t(job.slot) * hot_stride + 16 * (i % pieces)) = v[u];
+      }
+    }
   }
 }
 
@@ -455,6 +518,8 @@ void resolve_tiered(const TieredCache& cache, const TieredResolveParams& p, void
   SMLA_CHECK(p.workspace_bytes >= cache.workspace_bytes() && (cache.workspace_bytes() == 0 || p.workspace),
              "tiered workspace too small: it needs " + s(int64_t(cache.workspace_bytes())) + " bytes; got " +
                  s(int64_t(p.workspace_bytes)));
+  SMLA_CHECK(reinterpret_cast<uintptr_t>(p.workspace) % 16 == 0,
+             "tiered workspace must be 16-byte aligned (cudaMalloc memory is)");
   SMLA_CHECK(p.num_tokens <= INT32_MAX, "resolve_tiered: at most 2^31 - 1 tokens per step");
   const TieredCacheConfig& c = cache.config();
   const TieredStateLayout& L = cache.state_layout();
@@ -476,6 +541,11 @@ void resolve_tiered(const TieredCache& cache, const TieredResolveParams& p, void
   k.pool = static_cast<const uint8_t*>(pool), k.pool_stride = p.pool_row_stride_bytes;
   k.hot = static_cast<uint8_t*>(p.hot), k.hot_stride = cache.hot_row_stride_bytes();
   k.phys = p.phys, k.phys_stride_t = p.phys_stride_t, k.counts = p.counts;
+  // The workspace: miss counts [max_requests] (one 256-byte-aligned block), then the copy lists.
+  auto* ws = static_cast<uint8_t*>(p.workspace);
+  k.miss_count = reinterpret_cast<int32_t*>(ws);
+  k.jobs = reinterpret_cast<CopyJob*>(ws + (size_t(c.max_requests) * sizeof(int32_t) + 255) / 256 * 256);
+  static_assert(sizeof(CopyJob) == 8, "the workspace size in TieredCache counts 8 bytes per copy job");
 
   auto st = static_cast<cudaStream_t>(stream);
   constexpr int kSmem = int(sizeof(ResolveSmem));
@@ -484,6 +554,22 @@ void resolve_tiered(const TieredCache& cache, const TieredResolveParams& p, void
              "resolve_kernel shared-memory attribute");
   resolve_kernel<<<unsigned(p.num_reqs > 0 ? p.num_reqs : 1), kThreads, kSmem, st>>>(k);
   check_launch("resolve_kernel");
+  if (p.num_reqs == 0 || p.num_tokens == 0) return;  // nothing can miss
+
+  // Blocks per request: enough for the most a request can miss (R - 1 rows, or its tokens' K
+  // entries), at most about 8 x #SMs blocks in all. Depends on (num_reqs, topk) only.
+  int dev = 0, sms = 0;
+  check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
+  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
+  const int pieces = k.row_bytes / 16;
+  const int64_t max_rows = std::min<int64_t>(c.hot_slots - 1, int64_t(c.max_tokens_per_request) * p.topk);
+  const int64_t per_block = int64_t(kCopyThreads) * kCopyUnroll;
+  const int64_t want = std::max<int64_t>(1, (max_rows * pieces + per_block - 1) / per_block);
+  const int64_t cap = std::max<int64_t>(1, int64_t(sms) * 8 / p.num_reqs);
+  const int blocks_per_req = int(std::min(want, cap));
+  copy_kernel<<<unsigned(int64_t(blocks_per_req) * p.num_reqs), kCopyThreads, 0, st>>>(
+      k.miss_count, k.jobs, c.hot_slots, blocks_per_req, pieces, k.pool, k.pool_stride, k.hot, k.hot_stride);
+  check_launch("copy_kernel");
 }
 
 void gather_rows_from_host(const void* src, int64_t src_stride, const int32_t* rows, int64_t n, void* dst,
