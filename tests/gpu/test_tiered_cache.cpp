@@ -302,10 +302,12 @@ std::vector<int32_t> resolve_cpu(Tiered& w, const Step& s, int K, std::vector<in
 }
 
 // Runs `steps` decode steps for one format and checks resolution and attention each step.
-void run_sequence(KvFormat f, int rope_dim, int steps, uint64_t seed) {
+// hot_slots 0: the default R.
+void run_sequence(KvFormat f, int rope_dim, int steps, uint64_t seed, int hot_slots = 0) {
   const int K = 100, reqs = 6, tpr = 2;  // K not a multiple of 64; R = round_up(201, 128) = 256
   TieredCacheConfig cfg;
   cfg.format = f, cfg.rope_dim = rope_dim, cfg.topk = K, cfg.max_requests = reqs, cfg.max_tokens_per_request = tpr;
+  cfg.hot_slots = hot_slots;
   cfg.max_positions = 700;
   Tiered w(cfg, seed);
   std::mt19937_64 rng(seed ^ 0x9e3779b97f4a7c15ull);
@@ -402,6 +404,14 @@ TEST(TieredGpu, ResolverAndAttentionMatchEveryFormat) {
     run_sequence(f, kRopeDim, 12, seed + uint64_t(f));
   }
   run_sequence(KvFormat::kBF16, 0, 6, seed + 100);  // no-rope MLA (D = 512)
+}
+
+// R = 4800 > 512 x 9: the resolver's 16-keys-per-thread sorts (R <= 4608 takes the 9-key ones).
+TEST(TieredGpu, LargeHotBufferMatches) {
+  REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  run_sequence(KvFormat::kFP8DsMla, kRopeDim, 8, seed + 200, 4800);
 }
 
 // Resolve + attention captured once; the graph replays over new positions and lengths each step.

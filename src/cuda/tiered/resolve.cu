@@ -41,8 +41,10 @@ namespace smla::cuda {
 namespace {
 
 constexpr int kThreads = 512;
-constexpr int kItems = 16;  // sort keys per thread
-static_assert(kThreads * kItems == kTieredMaxHotSlots);
+// Sort keys per thread: 9 when R <= 4608 (K = 2048's default R = 4224 sorts 4608 keys, not
+// 8192), 16 up to the limit R = 8192. The kernel is instantiated for both.
+constexpr int kItemsSmall = 9, kItemsLarge = 16;
+static_assert(kThreads * kItemsLarge == kTieredMaxHotSlots);
 constexpr int kSlotBits = 13;  // slot < 8192
 constexpr int kIlp = 4;        // top-k entries per thread per pass (loads in flight)
 constexpr int kCopyUnroll = 16;  // 16-byte host loads in flight per thread: 64 KB per 256-thread block
@@ -85,18 +87,20 @@ struct ResolveParams {
   CopyJob* jobs;                // workspace: [max_requests, R] the rows to copy
 };
 
-using SortPos = cub::BlockRadixSort<uint32_t, kThreads, kItems>;
-using SortSlot = cub::BlockRadixSort<uint64_t, kThreads, kItems>;
 using Scan = cub::BlockScan<int, kThreads>;
 
+template <int kItems_>
 struct ResolveSmem {
+  static constexpr int kItems = kItems_, kKeys = kThreads * kItems_;
+  using SortPos = cub::BlockRadixSort<uint32_t, kThreads, kItems>;
+  using SortSlot = cub::BlockRadixSort<uint64_t, kThreads, kItems>;
   union {
-    int32_t miss[kTieredMaxHotSlots];     // missing positions, in claim order (phase 1)
+    int32_t miss[kKeys];                  // missing positions, in claim order (phase 1)
     typename SortPos::TempStorage sort_pos;
     typename SortSlot::TempStorage sort_slot;
     typename Scan::TempStorage scan;
   };
-  int32_t sorted_miss[kTieredMaxHotSlots];     // the misses by position (phase 2; frees registers)
+  int32_t sorted_miss[kKeys];                  // the misses by position (phase 2; frees registers)
   int32_t tokens[kTieredMaxTokensPerRequest];  // this request's tokens (any order)
   int num_tokens;
   int num_miss;
@@ -105,7 +109,7 @@ struct ResolveSmem {
   unsigned long long hits;
   unsigned long long errors;
 };
-static_assert(sizeof(ResolveSmem) <= 227 * 1024);
+static_assert(sizeof(ResolveSmem<kItemsLarge>) <= 227 * 1024);
 
 // Host-pool row of a request-local position, or -1 (the device cache's paged rule, one rank).
 __device__ __forceinline__ int64_t pool_row_of(const ResolveParams& p, int req, int32_t pos) {
@@ -135,7 +139,8 @@ __device__ __forceinline__ int64_t req_of(const ResolveParams& p, int64_t t) {
 }
 
 // Phase 0: this request's tokens into shared memory; the length and token-count checks.
-__device__ void collect_tokens(const ResolveParams& p, int r, ResolveSmem& sm, int32_t& len) {
+template <class Smem>
+__device__ void collect_tokens(const ResolveParams& p, int r, Smem& sm, int32_t& len) {
   if (threadIdx.x == 0) sm.num_tokens = 0, sm.num_miss = 0, sm.newest_used = 0, sm.hits = 0, sm.errors = 0;
   __syncthreads();
   if (r < p.num_reqs) {
@@ -163,7 +168,8 @@ __device__ void collect_tokens(const ResolveParams& p, int r, ResolveSmem& sm, i
 // Thread t takes entries base + t * kIlp .. + kIlp - 1 (the blocked order write_rows scans in), so
 // that a single pass (one token, K <= kThreads * kIlp) leaves in keep_pos/keep_slot exactly what
 // write_rows would read back when the step has no miss.
-__device__ void classify_entries(const ResolveParams& p, int r, int32_t len, uint32_t now, ResolveSmem& sm,
+template <class Smem>
+__device__ void classify_entries(const ResolveParams& p, int r, int32_t len, uint32_t now, Smem& sm,
                                  int32_t (&keep_pos)[kIlp], int32_t (&keep_slot)[kIlp]) {
   int32_t* map = p.pos_slot + int64_t(r) * p.max_positions;
   uint32_t* stamps = p.stamps + int64_t(r) * p.R;
@@ -216,7 +222,9 @@ __device__ void classify_entries(const ResolveParams& p, int r, int32_t len, uin
 }
 
 // Phase 2a: the claimed misses into sm.sorted_miss, ascending.
-__device__ void sort_misses(const ResolveParams& p, int num_miss, ResolveSmem& sm) {
+template <class Smem>
+__device__ void sort_misses(const ResolveParams& p, int num_miss, Smem& sm) {
+  constexpr int kItems = Smem::kItems;
   uint32_t pos[kItems];  // blocked: thread i holds ranks i*kItems .. i*kItems + kItems - 1
 #pragma unroll
   for (int k = 0; k < kItems; ++k) {
@@ -226,7 +234,7 @@ __device__ void sort_misses(const ResolveParams& p, int num_miss, ResolveSmem& s
   __syncthreads();  // sm.miss is reused by the sort
   // Positions are < max_positions: only their low bits take part (the padding's low bits are all
   // ones, so it still sorts last).
-  SortPos(sm.sort_pos).Sort(pos, 0, 32 - __clz(int(p.max_positions)));
+  typename Smem::SortPos(sm.sort_pos).Sort(pos, 0, 32 - __clz(int(p.max_positions)));
 #pragma unroll
   for (int k = 0; k < kItems; ++k) {
     const int i = int(threadIdx.x) * kItems + k;
@@ -236,7 +244,9 @@ __device__ void sort_misses(const ResolveParams& p, int num_miss, ResolveSmem& s
 
 // Phase 2b: misses by position meet candidate slots by (stamp, slot), rank by rank; the rows to
 // copy go to the workspace's copy list (copy_kernel moves them).
-__device__ void assign_slots(const ResolveParams& p, int r, uint32_t now, ResolveSmem& sm) {
+template <class Smem>
+__device__ void assign_slots(const ResolveParams& p, int r, uint32_t now, Smem& sm) {
+  constexpr int kItems = Smem::kItems;
   const int num_miss = sm.num_miss;
   sort_misses(p, num_miss, sm);
   __syncthreads();
@@ -249,7 +259,7 @@ __device__ void assign_slots(const ResolveParams& p, int r, uint32_t now, Resolv
     key[k] = st != now ? (uint64_t(st) << kSlotBits) | uint64_t(s) : ~uint64_t(0);
   }
   // Stamps are <= now: keys below 2^(kSlotBits + bit width of now); the padding sorts last.
-  SortSlot(sm.sort_slot).Sort(key, 0, kSlotBits + 32 - __clz(int(now)));
+  typename Smem::SortSlot(sm.sort_slot).Sort(key, 0, kSlotBits + 32 - __clz(int(now)));
   int32_t* map = p.pos_slot + int64_t(r) * p.max_positions;
   int32_t* slot_pos = p.slot_pos + int64_t(r) * p.R;
   CopyJob* jobs = p.jobs + int64_t(r) * p.R;
@@ -269,7 +279,8 @@ __device__ void assign_slots(const ResolveParams& p, int r, uint32_t now, Resolv
 // Phase 3: physical hot rows of every token of the request, compacted in entry order. A pass
 // covers kThreads * kIlp entries, thread t holding kIlp consecutive ones (the blocked order the
 // scan numbers them in).
-__device__ void write_rows(const ResolveParams& p, int r, int32_t len, ResolveSmem& sm) {
+template <class Smem>
+__device__ void write_rows(const ResolveParams& p, int r, int32_t len, Smem& sm) {
   const int32_t* map = p.pos_slot + int64_t(r) * p.max_positions;
   for (int i = 0; i < sm.num_tokens; ++i) {
     const int64_t t = sm.tokens[i];
@@ -305,7 +316,8 @@ __device__ void write_rows(const ResolveParams& p, int r, int32_t len, ResolveSm
 // Phase 3 for a step without a miss whose request has one token and K <= kThreads * kIlp: the
 // single classify pass left each thread's entries and their map slots in registers, and no map
 // entry changed since (a claim would have been a miss), so this writes what write_rows would.
-__device__ void write_row_from_regs(const ResolveParams& p, int r, int32_t len, ResolveSmem& sm,
+template <class Smem>
+__device__ void write_row_from_regs(const ResolveParams& p, int r, int32_t len, Smem& sm,
                                     const int32_t (&pos)[kIlp], const int32_t (&map_slot)[kIlp]) {
   const int64_t t = sm.tokens[0];
   int32_t* out = p.phys + t * p.phys_stride_t;
@@ -327,9 +339,11 @@ __device__ void write_row_from_regs(const ResolveParams& p, int r, int32_t len, 
   if (threadIdx.x == 0 && p.counts) p.counts[t] = n;
 }
 
-__global__ void __launch_bounds__(kThreads) resolve_kernel(ResolveParams p) {
+template <int kItems>
+__device__ __forceinline__ void resolve_body(const ResolveParams& p) {
+  using Smem = ResolveSmem<kItems>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  ResolveSmem& sm = *reinterpret_cast<ResolveSmem*>(smem_raw);
+  Smem& sm = *reinterpret_cast<Smem*>(smem_raw);
   const int r = int(blockIdx.x);
   // The request's clock: the stamp word of its reserved slot R - 1 (no LRU candidate reads it).
   uint32_t* clock = p.stamps + int64_t(r) * p.R + (p.R - 1);
@@ -373,6 +387,12 @@ __global__ void __launch_bounds__(kThreads) resolve_kernel(ResolveParams p) {
     if (r == 0) atomicAdd(&p.ctr->clock, 1u);  // steps resolved
   }
 }
+
+// One kernel per sort size. Their launch bounds differ only so that ptxas allocates each without
+// a spill (its choice for the 9-key body under a bare __launch_bounds__(512) spills, and for the
+// 16-key body under (512, 1) it does too; KernelConfig.KernelsHaveTheirRegistersAndNoSpills).
+__global__ void __launch_bounds__(kThreads, 1) resolve_kernel_9(ResolveParams p) { resolve_body<kItemsSmall>(p); }
+__global__ void __launch_bounds__(kThreads) resolve_kernel_16(ResolveParams p) { resolve_body<kItemsLarge>(p); }
 
 // Copies the rows of the copy lists: request blockIdx.x / blocks_per_req, the part blockIdx.x %
 // blocks_per_req of its 16-byte pieces (strided, kCopyUnroll loads in flight per thread).
@@ -548,13 +568,23 @@ void resolve_tiered(const TieredCache& cache, const TieredResolveParams& p, void
   static_assert(sizeof(CopyJob) == 8, "the workspace size in TieredCache counts 8 bytes per copy job");
 
   auto st = static_cast<cudaStream_t>(stream);
-  constexpr int kSmem = int(sizeof(ResolveSmem));
-  // Set on every call: the attribute belongs to the current device, and the call is cheap.
-  check_cuda(cudaFuncSetAttribute(resolve_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
-             "resolve_kernel shared-memory attribute");
-  resolve_kernel<<<unsigned(p.num_reqs > 0 ? p.num_reqs : 1), kThreads, kSmem, st>>>(k);
+  const unsigned grid = unsigned(p.num_reqs > 0 ? p.num_reqs : 1);
+  // The attribute is set on every call: it belongs to the current device, and the call is cheap.
+  if (c.hot_slots <= kThreads * kItemsSmall) {
+    constexpr int kSmem = int(sizeof(ResolveSmem<kItemsSmall>));
+    check_cuda(cudaFuncSetAttribute(resolve_kernel_9, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
+               "resolve_kernel shared-memory attribute");
+    resolve_kernel_9<<<grid, kThreads, kSmem, st>>>(k);
+  } else {
+    constexpr int kSmem = int(sizeof(ResolveSmem<kItemsLarge>));
+    check_cuda(cudaFuncSetAttribute(resolve_kernel_16, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
+               "resolve_kernel shared-memory attribute");
+    resolve_kernel_16<<<grid, kThreads, kSmem, st>>>(k);
+  }
   check_launch("resolve_kernel");
-  if (p.num_reqs == 0 || p.num_tokens == 0) return;  // nothing can miss
+  // Launched whenever resolve_kernel wrote miss counts (T = 0 included: every count is then 0 and
+  // the pool is not read), so the launch shape depends on (num_reqs, topk) only.
+  if (p.num_reqs == 0) return;
 
   // Blocks per request: enough for the most a request can miss (R - 1 rows, or its tokens' K
   // entries), at most about 8 x #SMs blocks in all. Depends on (num_reqs, topk) only.
