@@ -30,6 +30,7 @@
 #include <algorithm>
 #include <string>
 
+#include "../common/ptx.cuh"
 #include "../serving/check.cuh"
 #include "../serving/writer_mirror.h"
 #include "gather.h"
@@ -140,7 +141,7 @@ __device__ __forceinline__ int64_t req_of(const ResolveParams& p, int64_t t) {
 
 // Phase 0: this request's tokens into shared memory; the length and token-count checks.
 template <class Smem>
-__device__ void collect_tokens(const ResolveParams& p, int r, Smem& sm, int32_t& len) {
+__device__ void collect_tokens(const ResolveParams& p, int r, Smem& sm, int32_t len) {
   if (threadIdx.x == 0) sm.num_tokens = 0, sm.num_miss = 0, sm.newest_used = 0, sm.hits = 0, sm.errors = 0;
   __syncthreads();
   if (r < p.num_reqs) {
@@ -155,7 +156,6 @@ __device__ void collect_tokens(const ResolveParams& p, int r, Smem& sm, int32_t&
     }
   }
   __syncthreads();
-  len = r < p.num_reqs ? p.seq_lens[r] : 0;
   if (threadIdx.x == 0) {
     sm.bad = sm.num_tokens > 0 && (len < 0 || len > p.max_positions || sm.num_tokens > p.max_tokens_per_request);
     if (sm.bad) sm.errors += unsigned(sm.num_tokens);
@@ -163,14 +163,15 @@ __device__ void collect_tokens(const ResolveParams& p, int r, Smem& sm, int32_t&
   __syncthreads();
 }
 
-// Phase 1: stamp hits, claim misses. Each thread takes kIlp entries per pass (strided, so loads
-// coalesce) and issues their loads together: one token row of K = 2048 is one pass.
-// Thread t takes entries base + t * kIlp .. + kIlp - 1 (the blocked order write_rows scans in), so
-// that a single pass (one token, K <= kThreads * kIlp) leaves in keep_pos/keep_slot exactly what
-// write_rows would read back when the step has no miss.
+// Phase 1: stamp hits, claim misses. Each thread takes kIlp entries per pass and issues their
+// loads together: one token row of K = 2048 is one pass. Thread t takes entries base + t * kIlp ..
+// + kIlp - 1 (the blocked order write_rows scans in), so that a single pass (one token, K <=
+// kThreads * kIlp) leaves in keep_pos/keep_slot exactly what write_rows would read back when the
+// step has no miss. pre (when have_pre) is the first pass of token sm.tokens[0], loaded early.
 template <class Smem>
 __device__ void classify_entries(const ResolveParams& p, int r, int32_t len, uint32_t now, Smem& sm,
-                                 int32_t (&keep_pos)[kIlp], int32_t (&keep_slot)[kIlp]) {
+                                 bool have_pre, const int32_t (&pre)[kIlp], int32_t (&keep_pos)[kIlp],
+                                 int32_t (&keep_slot)[kIlp]) {
   int32_t* map = p.pos_slot + int64_t(r) * p.max_positions;
   uint32_t* stamps = p.stamps + int64_t(r) * p.R;
   unsigned long long hits = 0, errors = 0;
@@ -183,7 +184,10 @@ __device__ void classify_entries(const ResolveParams& p, int r, int32_t len, uin
       const int first = base + int(threadIdx.x) * kIlp;
       int32_t pos[kIlp], slot[kIlp];
       EntryKind kind[kIlp];
-      if (vec && first + kIlp <= p.topk) {
+      if (have_pre && i == 0 && base == 0) {
+#pragma unroll
+        for (int u = 0; u < kIlp; ++u) pos[u] = pre[u];
+      } else if (vec && first + kIlp <= p.topk) {
         const int4 v = *reinterpret_cast<const int4*>(row + first);
         pos[0] = v.x, pos[1] = v.y, pos[2] = v.z, pos[3] = v.w;
       } else {
@@ -347,13 +351,26 @@ __device__ __forceinline__ void resolve_body(const ResolveParams& p) {
   const int r = int(blockIdx.x);
   // The request's clock: the stamp word of its reserved slot R - 1 (no LRU candidate reads it).
   uint32_t* clock = p.stamps + int64_t(r) * p.R + (p.R - 1);
+  // copy_kernel (a PDL launch) may start its blocks now; they wait for this grid's end.
+  ptx::pdl_launch_dependents();
+  // The loads that need nothing from shared memory go out first, so that their latency overlaps
+  // the token collection: the clock, the length, and (token t = request r when req_of_token is
+  // null) the first classify pass of the request's positions.
   const uint32_t now = (r < p.num_reqs ? *clock : 0u) + 1;
-  int32_t len;
+  const int32_t len = r < p.num_reqs ? p.seq_lens[r] : 0;
+  const bool have_pre = !p.req_of_token && r < p.num_reqs && r < p.num_tokens;
+  int32_t pre[kIlp];
+  if (have_pre) {
+    const int32_t* row = p.positions + int64_t(r) * p.pos_stride_t;
+    const int first = int(threadIdx.x) * kIlp;
+#pragma unroll
+    for (int u = 0; u < kIlp; ++u) pre[u] = first + u < p.topk ? row[first + u] : -1;
+  }
   collect_tokens(p, r, sm, len);
   const bool live = sm.num_tokens > 0 && !sm.bad;
   if (live) {
     int32_t keep_pos[kIlp], keep_slot[kIlp];
-    classify_entries(p, r, len, now, sm, keep_pos, keep_slot);
+    classify_entries(p, r, len, now, sm, have_pre, pre, keep_pos, keep_slot);
     __syncthreads();
     if (sm.num_miss == 0 && sm.num_tokens == 1 && p.topk <= kThreads * kIlp) {
       write_row_from_regs(p, r, len, sm, keep_pos, keep_slot);
@@ -400,6 +417,7 @@ constexpr int kCopyThreads = 256;
 __global__ void __launch_bounds__(kCopyThreads) copy_kernel(const int32_t* miss_count, const CopyJob* jobs_all, int R,
                                                             int blocks_per_req, int pieces, const uint8_t* pool,
                                                             int64_t pool_stride, uint8_t* hot_all, int64_t hot_stride) {
+  ptx::pdl_wait();  // resolve_kernel's copy lists (a no-op unless launched with PDL)
   const int r = int(blockIdx.x) / blocks_per_req, part = int(blockIdx.x) % blocks_per_req;
   const int total = miss_count[r] * pieces;
   const CopyJob* jobs = jobs_all + int64_t(r) * R;
@@ -597,8 +615,21 @@ void resolve_tiered(const TieredCache& cache, const TieredResolveParams& p, void
   const int64_t want = std::max<int64_t>(1, (max_rows * pieces + per_block - 1) / per_block);
   const int64_t cap = std::max<int64_t>(1, int64_t(sms) * 8 / p.num_reqs);
   const int blocks_per_req = int(std::min(want, cap));
-  copy_kernel<<<unsigned(int64_t(blocks_per_req) * p.num_reqs), kCopyThreads, 0, st>>>(
-      k.miss_count, k.jobs, c.hot_slots, blocks_per_req, pieces, k.pool, k.pool_stride, k.hot, k.hot_stride);
+  // A PDL launch: its blocks become resident while resolve_kernel runs (every resolve block
+  // triggers at its start) and wait in pdl_wait() for its end, so no launch gap sits between them.
+  cudaLaunchConfig_t lc{};
+  lc.gridDim = dim3(unsigned(int64_t(blocks_per_req) * p.num_reqs));
+  lc.blockDim = dim3(kCopyThreads);
+  lc.stream = st;
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  lc.attrs = &attr;
+  lc.numAttrs = 1;
+  check_cuda(cudaLaunchKernelEx(&lc, copy_kernel, static_cast<const int32_t*>(k.miss_count),
+                                static_cast<const CopyJob*>(k.jobs), int(c.hot_slots), blocks_per_req, pieces, k.pool,
+                                int64_t(k.pool_stride), k.hot, int64_t(k.hot_stride)),
+             "copy_kernel launch (PDL)");
   check_launch("copy_kernel");
 }
 
