@@ -207,14 +207,29 @@ __device__ void classify_entries(const ResolveParams& p, int r, int32_t len, uin
       for (int u = 0; u < kIlp; ++u)
         if (slot[u] >= 0) old[u] = atomicExch(&stamps[slot[u]], now);
 #pragma unroll
+      for (int u = 0; u < kIlp; ++u) newest |= kind[u] == kNewest, hits += old[u] != now;
+      // Misses (map -1): their pool rows (read only here, off the hit path), then the claims, each
+      // kind of load issued for all kIlp entries at once. A position with no pool row is an error.
+      int32_t prow[kIlp];
+#pragma unroll
+      for (int u = 0; u < kIlp; ++u) prow[u] = slot[u] == -1 ? int32_t(pool_row_of(p, r, pos[u])) : -1;
+      bool claimed[kIlp];
+#pragma unroll
       for (int u = 0; u < kIlp; ++u) {
-        newest |= kind[u] == kNewest;
-        hits += old[u] != now;
-        if (slot[u] == -1) {  // a miss: its pool row is read only here, off the hit path
-          if (pool_row_of(p, r, pos[u]) < 0) ++errors;
-          else if (atomicCAS(&map[pos[u]], -1, -2) == -1)
-            sm.miss[atomicAdd(&sm.num_miss, 1)] = pos[u];  // at most R - 1 distinct positions (plan rule)
-        }
+        errors += slot[u] == -1 && prow[u] < 0;
+        claimed[u] = prow[u] >= 0 && atomicCAS(&map[pos[u]], -1, -2) == -1;
+      }
+      // The claimed positions join sm.miss (at most R - 1 distinct ones: the plan rule), one shared
+      // atomic per warp and entry index (every thread of the block runs this loop).
+      const int lane = int(threadIdx.x) & 31;
+#pragma unroll
+      for (int u = 0; u < kIlp; ++u) {
+        const unsigned m = __ballot_sync(0xffffffffu, claimed[u]);
+        if (m == 0) continue;
+        int at = 0;
+        if (lane == __ffs(m) - 1) at = atomicAdd(&sm.num_miss, __popc(m));
+        at = __shfl_sync(0xffffffffu, at, __ffs(m) - 1);
+        if (claimed[u]) sm.miss[at + __popc(m & ((1u << lane) - 1))] = pos[u];
       }
 #pragma unroll
       for (int u = 0; u < kIlp; ++u) keep_pos[u] = pos[u], keep_slot[u] = slot[u];
@@ -267,16 +282,33 @@ __device__ void assign_slots(const ResolveParams& p, int r, uint32_t now, Smem& 
   int32_t* map = p.pos_slot + int64_t(r) * p.max_positions;
   int32_t* slot_pos = p.slot_pos + int64_t(r) * p.R;
   CopyJob* jobs = p.jobs + int64_t(r) * p.R;
+  // Chunks of up to 9 ranks: each chunk's slot_pos and block-table loads go out together, then
+  // its writes (the ranks' slots are distinct, as are the old and the new positions).
+  constexpr int kChunk = kItems <= 9 ? kItems : 8;
 #pragma unroll
-  for (int k = 0; k < kItems; ++k) {
-    const int i = int(threadIdx.x) * kItems + k;
-    if (i >= num_miss) break;
-    const int s = int(key[k] & ((uint64_t(1) << kSlotBits) - 1));
-    const int32_t q = sm.sorted_miss[i];
-    const int32_t old = slot_pos[s];
-    if (old >= 0) map[old] = -1;
-    map[q] = s, slot_pos[s] = q, stamps[s] = now;
-    jobs[i] = CopyJob{int32_t(pool_row_of(p, r, q)), s};
+  for (int k0 = 0; k0 < kItems; k0 += kChunk) {
+    int32_t q[kChunk], old[kChunk], prow[kChunk];
+#pragma unroll
+    for (int c = 0; c < kChunk; ++c) {
+      const int k = k0 + c, i = int(threadIdx.x) * kItems + k;
+      q[c] = -1, old[c] = -1, prow[c] = -1;
+      if (k < kItems && i < num_miss) {
+        const int s = int(key[k] & ((uint64_t(1) << kSlotBits) - 1));
+        q[c] = sm.sorted_miss[i];
+        old[c] = slot_pos[s];
+        prow[c] = int32_t(pool_row_of(p, r, q[c]));
+      }
+    }
+#pragma unroll
+    for (int c = 0; c < kChunk; ++c) {
+      const int k = k0 + c, i = int(threadIdx.x) * kItems + k;
+      if (k < kItems && i < num_miss) {
+        const int s = int(key[k] & ((uint64_t(1) << kSlotBits) - 1));
+        if (old[c] >= 0) map[old[c]] = -1;
+        map[q[c]] = s, slot_pos[s] = q[c], stamps[s] = now;
+        jobs[i] = CopyJob{prow[c], s};
+      }
+    }
   }
 }
 
