@@ -119,6 +119,19 @@ __device__ __forceinline__ int64_t pool_row_of(const ResolveParams& p, int req, 
   return r < p.pool_rows ? r : -1;
 }
 
+// One classify / write pass's kIlp consecutive entries first .. first + kIlp - 1 of a token row
+// (-1 past K): one 16-byte load when the row allows it (the dense [T, K] case), else kIlp loads.
+static_assert(kIlp == 4, "load_pass reads one int4");
+__device__ __forceinline__ void load_pass(const int32_t* row, int first, int topk, int32_t (&pos)[kIlp]) {
+  if ((reinterpret_cast<uintptr_t>(row + first) & 15) == 0 && first + kIlp <= topk) {
+    const int4 v = *reinterpret_cast<const int4*>(row + first);
+    pos[0] = v.x, pos[1] = v.y, pos[2] = v.z, pos[3] = v.w;
+  } else {
+#pragma unroll
+    for (int u = 0; u < kIlp; ++u) pos[u] = first + u < topk ? row[first + u] : -1;
+  }
+}
+
 // Entry classes: kInvalid (position < 0 or >= length), kNewest (length - 1, slot R - 1), kOld
 // (everything else: a hot slot, found or copied; a miss whose position has no host-pool row is
 // an error and stays invalid, its map entry -1).
@@ -178,8 +191,6 @@ __device__ void classify_entries(const ResolveParams& p, int r, int32_t len, uin
   bool newest = false;
   for (int i = 0; i < sm.num_tokens; ++i) {
     const int32_t* row = p.positions + int64_t(sm.tokens[i]) * p.pos_stride_t;
-    // One 16-byte load per thread when the row allows it (the common dense [T, K] case).
-    const bool vec = (reinterpret_cast<uintptr_t>(row) & 15) == 0;
     for (int base = 0; base < p.topk; base += kThreads * kIlp) {
       const int first = base + int(threadIdx.x) * kIlp;
       int32_t pos[kIlp], slot[kIlp];
@@ -187,12 +198,8 @@ __device__ void classify_entries(const ResolveParams& p, int r, int32_t len, uin
       if (have_pre && i == 0 && base == 0) {
 #pragma unroll
         for (int u = 0; u < kIlp; ++u) pos[u] = pre[u];
-      } else if (vec && first + kIlp <= p.topk) {
-        const int4 v = *reinterpret_cast<const int4*>(row + first);
-        pos[0] = v.x, pos[1] = v.y, pos[2] = v.z, pos[3] = v.w;
       } else {
-#pragma unroll
-        for (int u = 0; u < kIlp; ++u) pos[u] = first + u < p.topk ? row[first + u] : -1;
+        load_pass(row, first, p.topk, pos);
       }
 #pragma unroll
       for (int u = 0; u < kIlp; ++u) kind[u] = classify(len, pos[u]);
@@ -327,8 +334,7 @@ __device__ void write_rows(const ResolveParams& p, int r, int32_t len, Smem& sm)
       const int first = base + int(threadIdx.x) * kIlp;
       int32_t pos[kIlp], phys[kIlp];
       int valid[kIlp], offset[kIlp];
-#pragma unroll
-      for (int u = 0; u < kIlp; ++u) pos[u] = first + u < p.topk ? row[first + u] : -1;
+      load_pass(row, first, p.topk, pos);
 #pragma unroll
       for (int u = 0; u < kIlp; ++u) {
         const EntryKind k = classify(len, pos[u]);
@@ -393,10 +399,7 @@ __device__ __forceinline__ void resolve_body(const ResolveParams& p) {
   const bool have_pre = !p.req_of_token && r < p.num_reqs && r < p.num_tokens;
   int32_t pre[kIlp];
   if (have_pre) {
-    const int32_t* row = p.positions + int64_t(r) * p.pos_stride_t;
-    const int first = int(threadIdx.x) * kIlp;
-#pragma unroll
-    for (int u = 0; u < kIlp; ++u) pre[u] = first + u < p.topk ? row[first + u] : -1;
+    load_pass(p.positions + int64_t(r) * p.pos_stride_t, int(threadIdx.x) * kIlp, p.topk, pre);
   }
   collect_tokens(p, r, sm, len);
   const bool live = sm.num_tokens > 0 && !sm.bad;
