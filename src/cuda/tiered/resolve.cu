@@ -107,8 +107,10 @@ struct ResolveSmem {
   int num_miss;
   int newest_used;
   int bad;            // the request is dropped: bad length or too many tokens
-  unsigned long long hits;
-  unsigned long long errors;
+  // 32-bit: a shared 64-bit atomicAdd is a compare-and-swap loop (ATOMS.CAST.SPIN), which 512
+  // threads contending on one word serialize for many microseconds; a step's counts fit 32 bits.
+  unsigned hits;
+  unsigned errors;
 };
 static_assert(sizeof(ResolveSmem<kItemsLarge>) <= 227 * 1024);
 
@@ -187,7 +189,7 @@ __device__ void classify_entries(const ResolveParams& p, int r, int32_t len, uin
                                  int32_t (&keep_slot)[kIlp]) {
   int32_t* map = p.pos_slot + int64_t(r) * p.max_positions;
   uint32_t* stamps = p.stamps + int64_t(r) * p.R;
-  unsigned long long hits = 0, errors = 0;
+  unsigned hits = 0, errors = 0;
   bool newest = false;
   for (int i = 0; i < sm.num_tokens; ++i) {
     const int32_t* row = p.positions + int64_t(sm.tokens[i]) * p.pos_stride_t;
@@ -242,9 +244,15 @@ __device__ void classify_entries(const ResolveParams& p, int r, int32_t len, uin
       for (int u = 0; u < kIlp; ++u) keep_pos[u] = pos[u], keep_slot[u] = slot[u];
     }
   }
-  if (hits) atomicAdd(&sm.hits, hits);
-  if (errors) atomicAdd(&sm.errors, errors);
-  if (newest) atomicExch(&sm.newest_used, 1);
+  // Summed per warp first: one shared atomic per warp, not per thread (every thread gets here).
+  hits = __reduce_add_sync(0xffffffffu, hits);
+  errors = __reduce_add_sync(0xffffffffu, errors);
+  newest = __any_sync(0xffffffffu, newest);
+  if ((threadIdx.x & 31) == 0) {
+    if (hits) atomicAdd(&sm.hits, hits);
+    if (errors) atomicAdd(&sm.errors, errors);
+    if (newest) atomicExch(&sm.newest_used, 1);
+  }
 }
 
 // Phase 2a: the claimed misses into sm.sorted_miss, ascending.
@@ -429,13 +437,13 @@ __device__ __forceinline__ void resolve_body(const ResolveParams& p) {
   if (threadIdx.x == 0) {
     if (r < p.num_reqs) p.miss_count[r] = sm.num_miss;  // 0 unless live: copy_kernel's row count
     if (live) *clock = now;
-    const unsigned long long hits = sm.hits + (sm.newest_used ? 1 : 0);
+    const unsigned long long hits = (unsigned long long)sm.hits + (sm.newest_used ? 1 : 0);
     if (hits) atomicAdd(reinterpret_cast<unsigned long long*>(&p.ctr->hits), hits);
     if (sm.num_miss) {
       atomicAdd(reinterpret_cast<unsigned long long*>(&p.ctr->misses), (unsigned long long)sm.num_miss);
       atomicAdd(reinterpret_cast<unsigned long long*>(&p.ctr->bytes), (unsigned long long)sm.num_miss * p.row_bytes);
     }
-    if (sm.errors) atomicAdd(reinterpret_cast<unsigned long long*>(&p.ctr->errors), sm.errors);
+    if (sm.errors) atomicAdd(reinterpret_cast<unsigned long long*>(&p.ctr->errors), (unsigned long long)sm.errors);
     if (r == 0) atomicAdd(&p.ctr->clock, 1u);  // steps resolved
   }
 }
