@@ -36,7 +36,6 @@
 #include "gather.h"
 #include "smla/cuda_tiered.h"
 #include "smla/formats.h"
-#include "smla/index.h"
 
 namespace smla::cuda {
 namespace {
@@ -114,11 +113,18 @@ struct ResolveSmem {
 };
 static_assert(sizeof(ResolveSmem<kItemsLarge>) <= 227 * 1024);
 
-// Host-pool row of a request-local position, or -1 (the device cache's paged rule, one rank).
+// Host-pool row of a request-local position, or -1: logical_to_physical with one rank (the
+// device cache's paged rule), in 32-bit division (pos >= 0 and block_size >= 1 fit 32 bits, so
+// the rows are the same; index.h's int64 division is a ~70-instruction call per position).
 __device__ __forceinline__ int64_t pool_row_of(const ResolveParams& p, int req, int32_t pos) {
-  const int32_t r = logical_to_physical(pos, p.block_table + int64_t(req) * p.bt_stride, p.max_blocks, p.block_size,
-                                        p.block_stride_rows, 1, 0, 1);
-  return r < p.pool_rows ? r : -1;
+  if (pos < 0) return -1;
+  const uint32_t bs = uint32_t(p.block_size);
+  const uint32_t blk = uint32_t(pos) / bs, off = uint32_t(pos) - blk * bs;
+  if (int64_t(blk) >= p.max_blocks) return -1;
+  const int32_t b = p.block_table[int64_t(req) * p.bt_stride + blk];
+  if (b < 0) return -1;
+  const int64_t r = int64_t(b) * p.block_stride_rows + off;
+  return r > INT32_MAX || r >= p.pool_rows ? -1 : r;
 }
 
 // One classify / write pass's kIlp consecutive entries first .. first + kIlp - 1 of a token row
