@@ -291,15 +291,33 @@ __device__ void assign_slots(const ResolveParams& p, int r, uint32_t now, Smem& 
   sort_misses(p, num_miss, sm);
   __syncthreads();
   uint32_t* stamps = p.stamps + int64_t(r) * p.R;
-  uint64_t key[kItems];
+  // Keys (stamp << kSlotBits) | slot; a slot stamped `now` (a hit of this step) and the padding
+  // get all ones. Stamps are <= now: the other keys are below 2^end_bit - 1, so those sort last.
+  const int end_bit = kSlotBits + 32 - __clz(int(now));
+  int slot_of_rank[kItems];  // blocked: thread i holds ranks i*kItems .. i*kItems + kItems - 1
+  if (end_bit <= 31) {  // now < 2^18: the keys fit 32 bits (SortPos's sort, half the exchange bytes)
+    uint32_t key[kItems];
 #pragma unroll
-  for (int k = 0; k < kItems; ++k) {
-    const int s = int(threadIdx.x) * kItems + k;
-    const uint32_t st = s < p.R - 1 ? stamps[s] : now;
-    key[k] = st != now ? (uint64_t(st) << kSlotBits) | uint64_t(s) : ~uint64_t(0);
+    for (int k = 0; k < kItems; ++k) {
+      const int s = int(threadIdx.x) * kItems + k;
+      const uint32_t st = s < p.R - 1 ? stamps[s] : now;
+      key[k] = st != now ? (st << kSlotBits) | uint32_t(s) : 0xffffffffu;
+    }
+    typename Smem::SortPos(sm.sort_pos).Sort(key, 0, end_bit);
+#pragma unroll
+    for (int k = 0; k < kItems; ++k) slot_of_rank[k] = int(key[k] & ((1u << kSlotBits) - 1));
+  } else {
+    uint64_t key[kItems];
+#pragma unroll
+    for (int k = 0; k < kItems; ++k) {
+      const int s = int(threadIdx.x) * kItems + k;
+      const uint32_t st = s < p.R - 1 ? stamps[s] : now;
+      key[k] = st != now ? (uint64_t(st) << kSlotBits) | uint64_t(s) : ~uint64_t(0);
+    }
+    typename Smem::SortSlot(sm.sort_slot).Sort(key, 0, end_bit);
+#pragma unroll
+    for (int k = 0; k < kItems; ++k) slot_of_rank[k] = int(key[k] & ((uint64_t(1) << kSlotBits) - 1));
   }
-  // Stamps are <= now: keys below 2^(kSlotBits + bit width of now); the padding sorts last.
-  typename Smem::SortSlot(sm.sort_slot).Sort(key, 0, kSlotBits + 32 - __clz(int(now)));
   int32_t* map = p.pos_slot + int64_t(r) * p.max_positions;
   int32_t* slot_pos = p.slot_pos + int64_t(r) * p.R;
   CopyJob* jobs = p.jobs + int64_t(r) * p.R;
@@ -314,7 +332,7 @@ __device__ void assign_slots(const ResolveParams& p, int r, uint32_t now, Smem& 
       const int k = k0 + c, i = int(threadIdx.x) * kItems + k;
       q[c] = -1, old[c] = -1, prow[c] = -1;
       if (k < kItems && i < num_miss) {
-        const int s = int(key[k] & ((uint64_t(1) << kSlotBits) - 1));
+        const int s = slot_of_rank[k];
         q[c] = sm.sorted_miss[i];
         old[c] = slot_pos[s];
         prow[c] = int32_t(pool_row_of(p, r, q[c]));
@@ -324,7 +342,7 @@ __device__ void assign_slots(const ResolveParams& p, int r, uint32_t now, Smem& 
     for (int c = 0; c < kChunk; ++c) {
       const int k = k0 + c, i = int(threadIdx.x) * kItems + k;
       if (k < kItems && i < num_miss) {
-        const int s = int(key[k] & ((uint64_t(1) << kSlotBits) - 1));
+        const int s = slot_of_rank[k];
         if (old[c] >= 0) map[old[c]] = -1;
         map[q[c]] = s, slot_pos[s] = q[c], stamps[s] = now;
         jobs[i] = CopyJob{prow[c], s};
