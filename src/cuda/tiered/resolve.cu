@@ -1,21 +1,24 @@
 // The HiSparse resolver (smla/tiered.h states the rule; resolve_tiered_reference is its
-// definition). One launch per step, no host synchronization and no cross-block coordination, so
-// a step can be captured in a CUDA graph. resolve_kernel runs one 512-thread block per request:
+// definition). Two launches of a fixed shape per step (for a given num_reqs and topk), no host
+// synchronization and no cross-block coordination, so a step can be captured in a CUDA graph.
+// resolve_kernel_9 / _16 run one 512-thread block per request:
 //
-//   0. collects the request's tokens and reads its clock (the stamp word of its slot R - 1);
-//   1. stamps the hits and claims each missing position once (atomicCAS -1 -> -2 on the
-//      position -> slot map), kIlp entries per thread in flight;
-//   2. sorts the misses by position and the candidate slots by (stamp, slot) with two block-wide
-//      radix sorts (R <= 8192 slots: 16 keys per thread), pairs them rank by rank, updates map,
-//      slot positions and stamps, and writes the copy list (pool row, slot) to the workspace;
-//   3. writes the physical hot rows of every token (compacted in entry order by a block scan) and
-//      its count, advances the request's clock and adds its counters (fire-and-forget atomics).
+//   0. read the request's clock (the stamp word of its slot R - 1), its length and (one token per
+//      request) its first pass of positions, then collect its tokens;
+//   1. stamp the hits (a thread's kIlp exchanges in flight together) and claim each missing
+//      position once (atomicCAS -1 -> -2 on the position -> slot map); counts are summed per warp;
+//   2. sort the misses by position and the candidate slots by (stamp, slot) with two block-wide
+//      radix sorts (9 keys per thread for R <= 4608, 16 up to R = 8192; the slot keys are 32-bit
+//      while the clock is below 2^18), pair them rank by rank, update map, slot positions and
+//      stamps, and write the copy list (pool row, slot) and the miss count to the workspace;
+//   3. write the physical hot rows of every token (compacted in entry order by a block scan) and
+//      its count, advance the request's clock and add its counters (fire-and-forget atomics).
 //
-// copy_kernel then copies the listed rows straight from pinned host memory into the hot buffer:
-// blocks_per_req blocks per request (about 8 x #SMs blocks in all, so that one request's misses
-// are spread over many SMs), 256 threads x kCopyUnroll 16-byte loads in flight per block, the
-// same shape as the plain gather the benchmark holds it to. Both launches have a fixed shape for
-// a given (num_reqs, topk), so a step can be captured in a graph.
+// copy_kernel (a programmatic dependent launch: its blocks become resident while resolve_kernel
+// runs and wait for its end in griddepcontrol.wait) copies the listed rows straight from pinned
+// host memory into the hot buffer: blocks_per_req blocks per request (about 8 x #SMs blocks in
+// all, so that one request's misses are spread over many SMs), 256 threads x kCopyUnroll 16-byte
+// loads in flight per block, the shape of the plain gather the benchmark holds it to.
 //
 // A step that hits everything is one pass over the entries with no sort; when its request has one
 // token of K <= kThreads * kIlp entries, the rows are written from the registers of that pass
