@@ -16,9 +16,9 @@
 //
 // copy_kernel (a programmatic dependent launch: its blocks become resident while resolve_kernel
 // runs and wait for its end in griddepcontrol.wait) copies the listed rows straight from pinned
-// host memory into the hot buffer: blocks_per_req blocks per request (about 8 x #SMs blocks in
-// all, so that one request's misses are spread over many SMs), 256 threads x kCopyUnroll 16-byte
-// loads in flight per block, the shape of the plain gather the benchmark holds it to.
+// host memory into the hot buffer: blocks_per_req blocks per request (up to about 8 x #SMs blocks
+// in all: a request's misses spread over many SMs, about 4 pieces of 16 bytes per thread when it
+// misses everything), up to kCopyUnroll 16-byte loads in flight per thread.
 //
 // A step that hits everything is one pass over the entries with no sort; when its request has one
 // token of K <= kThreads * kIlp entries, the rows are written from the registers of that pass
@@ -492,12 +492,15 @@ __global__ void __launch_bounds__(kCopyThreads) copy_kernel(const int32_t* miss_
   const int total = miss_count[r] * pieces;
   const CopyJob* jobs = jobs_all + int64_t(r) * R;
   uint8_t* hot = hot_all + int64_t(r) * R * hot_stride;
-  const int step = blocks_per_req * kCopyThreads * kCopyUnroll;
-  for (int base = part * kCopyThreads * kCopyUnroll + int(threadIdx.x); base < total; base += step) {
+  // The request's blocks_per_req * kCopyThreads threads take consecutive pieces (coalesced), u-th
+  // load of a thread one grid width further: a short list spreads over all of the request's
+  // blocks (SMs) instead of filling the first few.
+  const int width = blocks_per_req * kCopyThreads;
+  for (int base = part * kCopyThreads + int(threadIdx.x); base < total; base += width * kCopyUnroll) {
     uint4 v[kCopyUnroll];
 #pragma unroll
     for (int u = 0; u < kCopyUnroll; ++u) {
-      const int i = base + u * kCopyThreads;
+      const int i = base + u * width;
       if (i < total) {
         const CopyJob job = jobs[i / pieces];
         v[u] = *reinterpret_cast<const uint4*>(pool + int64_t(job.src_row) * pool_stride + 16 * (i % pieces));
@@ -505,7 +508,7 @@ __global__ void __launch_bounds__(kCopyThreads) copy_kernel(const int32_t* miss_
     }
 #pragma unroll
     for (int u = 0; u < kCopyUnroll; ++u) {
-      const int i = base + u * kCopyThreads;
+      const int i = base + u * width;
       if (i < total) {
         const CopyJob job = jobs[i / pieces];
         *reinterpret_cast<uint4*>(hot + int64_t(job.slot) * hot_stride + 16 * (i % pieces)) = v[u];
@@ -675,13 +678,15 @@ void resolve_tiered(const TieredCache& cache, const TieredResolveParams& p, void
   if (p.num_reqs == 0) return;
 
   // Blocks per request: enough for the most a request can miss (R - 1 rows, or its tokens' K
-  // entries), at most about 8 x #SMs blocks in all. Depends on (num_reqs, topk) only.
+  // entries) at kCopyPiecesPerThread pieces per thread, at most about 8 x #SMs blocks in all (a
+  // thread then takes up to kCopyUnroll pieces per round). Depends on (num_reqs, topk) only.
   int dev = 0, sms = 0;
   check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
   check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
   const int pieces = k.row_bytes / 16;
   const int64_t max_rows = std::min<int64_t>(c.hot_slots - 1, int64_t(c.max_tokens_per_request) * p.topk);
-  const int64_t per_block = int64_t(kCopyThreads) * kCopyUnroll;
+  constexpr int kCopyPiecesPerThread = 4;
+  const int64_t per_block = int64_t(kCopyThreads) * kCopyPiecesPerThread;
   const int64_t want = std::max<int64_t>(1, (max_rows * pieces + per_block - 1) / per_block);
   const int64_t cap = std::max<int64_t>(1, int64_t(sms) * 8 / p.num_reqs);
   const int blocks_per_req = int(std::min(want, cap));
