@@ -132,8 +132,8 @@ class TieredCache {
   size_t hot_buffer_bytes() const { return size_t(hot_rows()) * size_t(cfg_.hot_row_stride_bytes); }
   const TieredStateLayout& state_layout() const { return layout_; }
   size_t state_bytes() const { return layout_.total; }
-  // Resolver scratch per step: 0 today (the CUDA resolver keeps its copy list in shared memory);
-  // callers pass workspace_bytes() bytes so that a later resolver may use some.
+  // Resolver scratch per step: the CUDA resolver's copy list, align256(max_requests * 4) +
+  // max_requests * R * 8 bytes (a miss count per request, then R (pool row, slot) pairs each).
   size_t workspace_bytes() const { return workspace_bytes_; }
   // Everything on the device: hot buffer + state + workspace.
   size_t device_bytes() const { return hot_buffer_bytes() + state_bytes() + workspace_bytes(); }
@@ -176,8 +176,8 @@ void resolve_tiered_reference(const TieredCache& cache, const TieredResolveParam
 // attention workspace for B * max_tokens_per_request rows fit budget_bytes; 0 when not even one
 // request fits. cfg.max_requests is ignored. attention_workspace may be empty (counted as 0).
 // Example: fp8_ds_mla, K = 2048 (R = 4224), max_positions = 131072, no attention workspace: each
-// request costs 4224 * 656 B hot + 4224 * 8 B stamps/slots + 131072 * 4 B map ~= 3.33 MB, so a
-// 1 GiB budget gives B = 322.
+// request costs 4224 * 656 B hot + 4224 * 8 B stamps/slots + 131072 * 4 B map + 4224 * 8 B copy
+// list ~= 3.36 MB, so a 1 GiB budget gives B = 319.
 int64_t max_tiered_decode_batch(TieredCacheConfig cfg, size_t budget_bytes,
                                 const std::function<size_t(int64_t rows)>& attention_workspace = {});
 

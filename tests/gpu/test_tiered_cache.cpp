@@ -302,12 +302,21 @@ std::vector<int32_t> resolve_cpu(Tiered& w, const Step& s, int K, std::vector<in
 }
 
 // Runs `steps` decode steps for one format and checks resolution and attention each step.
-void run_sequence(KvFormat f, int rope_dim, int steps, uint64_t seed) {
+// hot_slots 0: the default R. start_clock: every request's clock word (the stamp of slot R - 1) on
+// both sides before the first step (a long-running cache: the resolver's 64-bit LRU keys).
+void run_sequence(KvFormat f, int rope_dim, int steps, uint64_t seed, int hot_slots = 0, uint32_t start_clock = 0) {
   const int K = 100, reqs = 6, tpr = 2;  // K not a multiple of 64; R = round_up(201, 128) = 256
   TieredCacheConfig cfg;
   cfg.format = f, cfg.rope_dim = rope_dim, cfg.topk = K, cfg.max_requests = reqs, cfg.max_tokens_per_request = tpr;
+  cfg.hot_slots = hot_slots;
   cfg.max_positions = 700;
   Tiered w(cfg, seed);
+  if (start_clock) {
+    const size_t R = size_t(w.cache.hot_slots());
+    for (size_t r = 0; r < size_t(reqs); ++r)
+      std::memcpy(w.state.data() + w.cache.state_layout().stamps + (r * R + R - 1) * 4, &start_clock, 4);
+    CUDA_OK(cudaMemcpy(w.d_state, w.state.data(), w.state.size(), cudaMemcpyHostToDevice));
+  }
   std::mt19937_64 rng(seed ^ 0x9e3779b97f4a7c15ull);
   StepMaker mk(K, reqs, tpr, rng, int32_t(cfg.max_positions));
   Attention att(f, rope_dim, K, int64_t(reqs) * tpr, rng);
@@ -402,6 +411,24 @@ TEST(TieredGpu, ResolverAndAttentionMatchEveryFormat) {
     run_sequence(f, kRopeDim, 12, seed + uint64_t(f));
   }
   run_sequence(KvFormat::kBF16, 0, 6, seed + 100);  // no-rope MLA (D = 512)
+}
+
+// R = 4800 > 512 x 9: the resolver's 16-keys-per-thread sorts (R <= 4608 takes the 9-key ones).
+TEST(TieredGpu, LargeHotBufferMatches) {
+  REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  run_sequence(KvFormat::kFP8DsMla, kRopeDim, 8, seed + 200, 4800);
+}
+
+// Clocks past 2^18 steps: the LRU keys take the resolver's 64-bit sort (below, its 32-bit one); the
+// default R (9-key sorts) and R = 4800 (16-key sorts). Step 6 releases request 2 (its clock restarts).
+TEST(TieredGpu, LongRunningClockMatches) {
+  REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  run_sequence(KvFormat::kFP8DsMla, kRopeDim, 8, seed + 300, 0, (1u << 20) + 5);
+  run_sequence(KvFormat::kBF16, kRopeDim, 8, seed + 301, 4800, (1u << 18) - 3);
 }
 
 // Resolve + attention captured once; the graph replays over new positions and lengths each step.

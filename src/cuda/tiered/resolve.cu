@@ -1,20 +1,28 @@
 // The HiSparse resolver (smla/tiered.h states the rule; resolve_tiered_reference is its
-// definition). One launch per step, no host synchronization and no cross-block coordination, so
-// a step can be captured in a CUDA graph. resolve_kernel runs one 512-thread block per request:
+// definition). Two launches of a fixed shape per step (for a given num_reqs and topk), no host
+// synchronization and no cross-block coordination, so a step can be captured in a CUDA graph.
+// resolve_kernel_9 / _16 run one 512-thread block per request:
 //
-//   0. collects the request's tokens and reads its clock (the stamp word of its slot R - 1);
-//   1. stamps the hits and claims each missing position once (atomicCAS -1 -> -2 on the
-//      position -> slot map), kIlp entries per thread in flight;
-//   2. sorts the misses by position and the candidate slots by (stamp, slot) with two block-wide
-//      radix sorts (R <= 8192 slots: 16 keys per thread), pairs them rank by rank, updates map,
-//      slot positions and stamps, and copies the missing rows straight from pinned host memory
-//      into the hot buffer (16 bytes per thread, kCopyUnroll loads in flight per thread);
-//   3. writes the physical hot rows of every token (compacted in entry order by a block scan) and
-//      its count, advances the request's clock and adds its counters (fire-and-forget atomics).
+//   0. read the request's clock (the stamp word of its slot R - 1), its length and (one token per
+//      request) its first pass of positions, then collect its tokens;
+//   1. stamp the hits (a thread's kIlp exchanges in flight together) and claim each missing
+//      position once (atomicCAS -1 -> -2 on the position -> slot map); counts are summed per warp;
+//   2. sort the misses by position and the candidate slots by (stamp, slot) with two block-wide
+//      radix sorts (9 keys per thread for R <= 4608, 16 up to R = 8192; the slot keys are 32-bit
+//      while the clock is below 2^18), pair them rank by rank, update map, slot positions and
+//      stamps, and write the copy list (pool row, slot) and the miss count to the workspace;
+//   3. write the physical hot rows of every token (compacted in entry order by a block scan) and
+//      its count, advance the request's clock and add its counters (fire-and-forget atomics).
 //
-// A step that hits everything is one pass over the entries with no sort and no copy. A step with
-// misses copies them from the SMs of the requests that miss: with B requests missing, B blocks
-// of 512 threads x kCopyUnroll x 16 B are in flight.
+// copy_kernel (a programmatic dependent launch: its blocks become resident while resolve_kernel
+// runs and wait for its end in griddepcontrol.wait) copies the listed rows straight from pinned
+// host memory into the hot buffer: blocks_per_req blocks per request (up to about 8 x #SMs blocks
+// in all: a request's misses spread over many SMs, about 4 pieces of 16 bytes per thread when it
+// misses everything), up to kCopyUnroll 16-byte loads in flight per thread.
+//
+// A step that hits everything is one pass over the entries with no sort; when its request has one
+// token of K <= kThreads * kIlp entries, the rows are written from the registers of that pass
+// (no second read of positions or map), and copy_kernel's blocks read a zero miss count and exit.
 //
 // Device-side bad input (request ids, lengths, positions with no pool row) never reaches memory:
 // it is counted in TieredCounters::errors and those tokens/entries come out empty.
@@ -25,22 +33,24 @@
 #include <algorithm>
 #include <string>
 
+#include "../common/ptx.cuh"
 #include "../serving/check.cuh"
 #include "../serving/writer_mirror.h"
 #include "gather.h"
 #include "smla/cuda_tiered.h"
 #include "smla/formats.h"
-#include "smla/index.h"
 
 namespace smla::cuda {
 namespace {
 
 constexpr int kThreads = 512;
-constexpr int kItems = 16;  // sort keys per thread
-static_assert(kThreads * kItems == kTieredMaxHotSlots);
+// Sort keys per thread: 9 when R <= 4608 (K = 2048's default R = 4224 sorts 4608 keys, not
+// 8192), 16 up to the limit R = 8192. The kernel is instantiated for both.
+constexpr int kItemsSmall = 9, kItemsLarge = 16;
+static_assert(kThreads * kItemsLarge == kTieredMaxHotSlots);
 constexpr int kSlotBits = 13;  // slot < 8192
 constexpr int kIlp = 4;        // top-k entries per thread per pass (loads in flight)
-constexpr int kCopyUnroll = 16;  // 16-byte host loads in flight per thread: 128 KB per block
+constexpr int kCopyUnroll = 16;  // 16-byte host loads in flight per thread: 64 KB per 256-thread block
 
 // One missing row to copy: its host-pool row and hot slot.
 struct CopyJob {
@@ -76,36 +86,61 @@ struct ResolveParams {
   int32_t* phys;                // [T, K], row stride phys_stride_t
   int64_t phys_stride_t;
   int32_t* counts;              // nullable [T]
+  int32_t* miss_count;          // workspace: [max_requests] rows to copy per request
+  CopyJob* jobs;                // workspace: [max_requests, R] the rows to copy
 };
 
-using SortPos = cub::BlockRadixSort<uint32_t, kThreads, kItems>;
-using SortSlot = cub::BlockRadixSort<uint64_t, kThreads, kItems>;
 using Scan = cub::BlockScan<int, kThreads>;
 
+template <int kItems_>
 struct ResolveSmem {
+  static constexpr int kItems = kItems_, kKeys = kThreads * kItems_;
+  using SortPos = cub::BlockRadixSort<uint32_t, kThreads, kItems>;
+  using SortSlot = cub::BlockRadixSort<uint64_t, kThreads, kItems>;
   union {
-    int32_t miss[kTieredMaxHotSlots];     // missing positions, in claim order (phase 1)
+    int32_t miss[kKeys];                  // missing positions, in claim order (phase 1)
     typename SortPos::TempStorage sort_pos;
     typename SortSlot::TempStorage sort_slot;
-    CopyJob jobs[kTieredMaxHotSlots];     // the rows to copy, by rank (phase 2, after the sorts)
     typename Scan::TempStorage scan;
   };
-  int32_t sorted_miss[kTieredMaxHotSlots];     // the misses by position (phase 2; frees registers)
+  int32_t sorted_miss[kKeys];                  // the misses by position (phase 2; frees registers)
   int32_t tokens[kTieredMaxTokensPerRequest];  // this request's tokens (any order)
   int num_tokens;
   int num_miss;
   int newest_used;
   int bad;            // the request is dropped: bad length or too many tokens
-  unsigned long long hits;
-  unsigned long long errors;
+  // 32-bit: a shared 64-bit atomicAdd is a compare-and-swap loop (ATOMS.CAST.SPIN), which 512
+  // threads contending on one word serialize for many microseconds; a step's counts fit 32 bits.
+  unsigned hits;
+  unsigned errors;
 };
-static_assert(sizeof(ResolveSmem) <= 227 * 1024);
+static_assert(sizeof(ResolveSmem<kItemsLarge>) <= 227 * 1024);
 
-// Host-pool row of a request-local position, or -1 (the device cache's paged rule, one rank).
+// Host-pool row of a request-local position, or -1: logical_to_physical with one rank (the
+// device cache's paged rule), in 32-bit division (pos >= 0 and block_size >= 1 fit 32 bits, so
+// the rows are the same; index.h's int64 division is a ~70-instruction call per position).
 __device__ __forceinline__ int64_t pool_row_of(const ResolveParams& p, int req, int32_t pos) {
-  const int32_t r = logical_to_physical(pos, p.block_table + int64_t(req) * p.bt_stride, p.max_blocks, p.block_size,
-                                        p.block_stride_rows, 1, 0, 1);
-  return r < p.pool_rows ? r : -1;
+  if (pos < 0) return -1;
+  const uint32_t bs = uint32_t(p.block_size);
+  const uint32_t blk = uint32_t(pos) / bs, off = uint32_t(pos) - blk * bs;
+  if (int64_t(blk) >= p.max_blocks) return -1;
+  const int32_t b = p.block_table[int64_t(req) * p.bt_stride + blk];
+  if (b < 0) return -1;
+  const int64_t r = int64_t(b) * p.block_stride_rows + off;
+  return r > INT32_MAX || r >= p.pool_rows ? -1 : r;
+}
+
+// One classify / write pass's kIlp consecutive entries first .. first + kIlp - 1 of a token row
+// (-1 past K): one 16-byte load when the row allows it (the dense [T, K] case), else kIlp loads.
+static_assert(kIlp == 4, "load_pass reads one int4");
+__device__ __forceinline__ void load_pass(const int32_t* row, int first, int topk, int32_t (&pos)[kIlp]) {
+  if ((reinterpret_cast<uintptr_t>(row + first) & 15) == 0 && first + kIlp <= topk) {
+    const int4 v = *reinterpret_cast<const int4*>(row + first);
+    pos[0] = v.x, pos[1] = v.y, pos[2] = v.z, pos[3] = v.w;
+  } else {
+#pragma unroll
+    for (int u = 0; u < kIlp; ++u) pos[u] = first + u < topk ? row[first + u] : -1;
+  }
 }
 
 // Entry classes: kInvalid (position < 0 or >= length), kNewest (length - 1, slot R - 1), kOld
@@ -129,7 +164,8 @@ __device__ __forceinline__ int64_t req_of(const ResolveParams& p, int64_t t) {
 }
 
 // Phase 0: this request's tokens into shared memory; the length and token-count checks.
-__device__ void collect_tokens(const ResolveParams& p, int r, ResolveSmem& sm, int32_t& len) {
+template <class Smem>
+__device__ void collect_tokens(const ResolveParams& p, int r, Smem& sm, int32_t len) {
   if (threadIdx.x == 0) sm.num_tokens = 0, sm.num_miss = 0, sm.newest_used = 0, sm.hits = 0, sm.errors = 0;
   __syncthreads();
   if (r < p.num_reqs) {
@@ -144,7 +180,6 @@ __device__ void collect_tokens(const ResolveParams& p, int r, ResolveSmem& sm, i
     }
   }
   __syncthreads();
-  len = r < p.num_reqs ? p.seq_lens[r] : 0;
   if (threadIdx.x == 0) {
     sm.bad = sm.num_tokens > 0 && (len < 0 || len > p.max_positions || sm.num_tokens > p.max_tokens_per_request);
     if (sm.bad) sm.errors += unsigned(sm.num_tokens);
@@ -152,47 +187,87 @@ __device__ void collect_tokens(const ResolveParams& p, int r, ResolveSmem& sm, i
   __syncthreads();
 }
 
-// Phase 1: stamp hits, claim misses. Each thread takes kIlp entries per pass (strided, so loads
-// coalesce) and issues their loads together: one token row of K = 2048 is one pass.
-__device__ void classify_entries(const ResolveParams& p, int r, int32_t len, uint32_t now, ResolveSmem& sm) {
+// Phase 1: stamp hits, claim misses. Each thread takes kIlp entries per pass and issues their
+// loads together: one token row of K = 2048 is one pass. Thread t takes entries base + t * kIlp ..
+// + kIlp - 1 (the blocked order write_rows scans in), so that a single pass (one token, K <=
+// kThreads * kIlp) leaves in keep_pos/keep_slot exactly what write_rows would read back when the
+// step has no miss. pre (when have_pre) is the first pass of token sm.tokens[0], loaded early.
+template <class Smem>
+__device__ void classify_entries(const ResolveParams& p, int r, int32_t len, uint32_t now, Smem& sm,
+                                 bool have_pre, const int32_t (&pre)[kIlp], int32_t (&keep_pos)[kIlp],
+                                 int32_t (&keep_slot)[kIlp]) {
   int32_t* map = p.pos_slot + int64_t(r) * p.max_positions;
   uint32_t* stamps = p.stamps + int64_t(r) * p.R;
-  unsigned long long hits = 0, errors = 0;
+  unsigned hits = 0, errors = 0;
   bool newest = false;
   for (int i = 0; i < sm.num_tokens; ++i) {
     const int32_t* row = p.positions + int64_t(sm.tokens[i]) * p.pos_stride_t;
     for (int base = 0; base < p.topk; base += kThreads * kIlp) {
+      const int first = base + int(threadIdx.x) * kIlp;
       int32_t pos[kIlp], slot[kIlp];
       EntryKind kind[kIlp];
+      if (have_pre && i == 0 && base == 0) {
 #pragma unroll
-      for (int u = 0; u < kIlp; ++u) {
-        const int j = base + u * kThreads + int(threadIdx.x);
-        pos[u] = j < p.topk ? row[j] : -1;
+        for (int u = 0; u < kIlp; ++u) pos[u] = pre[u];
+      } else {
+        load_pass(row, first, p.topk, pos);
       }
 #pragma unroll
       for (int u = 0; u < kIlp; ++u) kind[u] = classify(len, pos[u]);
 #pragma unroll
       for (int u = 0; u < kIlp; ++u) slot[u] = kind[u] == kOld ? map[pos[u]] : -3;
+      // The hits' stamp exchanges go out together (one round trip, not kIlp); a position already
+      // stamped `now` by another entry of this step is not counted again.
+      uint32_t old[kIlp];
+#pragma unroll
+      for (int u = 0; u < kIlp; ++u) old[u] = now;
+#pragma unroll
+      for (int u = 0; u < kIlp; ++u)
+        if (slot[u] >= 0) old[u] = atomicExch(&stamps[slot[u]], now);
+#pragma unroll
+      for (int u = 0; u < kIlp; ++u) newest |= kind[u] == kNewest, hits += old[u] != now;
+      // Misses (map -1): their pool rows (read only here, off the hit path), then the claims, each
+      // kind of load issued for all kIlp entries at once. A position with no pool row is an error.
+      int32_t prow[kIlp];
+#pragma unroll
+      for (int u = 0; u < kIlp; ++u) prow[u] = slot[u] == -1 ? int32_t(pool_row_of(p, r, pos[u])) : -1;
+      bool claimed[kIlp];
 #pragma unroll
       for (int u = 0; u < kIlp; ++u) {
-        newest |= kind[u] == kNewest;
-        if (slot[u] >= 0) {
-          if (atomicExch(&stamps[slot[u]], now) != now) ++hits;  // distinct positions counted once
-        } else if (slot[u] == -1) {  // a miss: its pool row is read only here, off the hit path
-          if (pool_row_of(p, r, pos[u]) < 0) ++errors;
-          else if (atomicCAS(&map[pos[u]], -1, -2) == -1)
-            sm.miss[atomicAdd(&sm.num_miss, 1)] = pos[u];  // at most R - 1 distinct positions (plan rule)
-        }
+        errors += slot[u] == -1 && prow[u] < 0;
+        claimed[u] = prow[u] >= 0 && atomicCAS(&map[pos[u]], -1, -2) == -1;
       }
+      // The claimed positions join sm.miss (at most R - 1 distinct ones: the plan rule), one shared
+      // atomic per warp and entry index (every thread of the block runs this loop).
+      const int lane = int(threadIdx.x) & 31;
+#pragma unroll
+      for (int u = 0; u < kIlp; ++u) {
+        const unsigned m = __ballot_sync(0xffffffffu, claimed[u]);
+        if (m == 0) continue;
+        int at = 0;
+        if (lane == __ffs(m) - 1) at = atomicAdd(&sm.num_miss, __popc(m));
+        at = __shfl_sync(0xffffffffu, at, __ffs(m) - 1);
+        if (claimed[u]) sm.miss[at + __popc(m & ((1u << lane) - 1))] = pos[u];
+      }
+#pragma unroll
+      for (int u = 0; u < kIlp; ++u) keep_pos[u] = pos[u], keep_slot[u] = slot[u];
     }
   }
-  if (hits) atomicAdd(&sm.hits, hits);
-  if (errors) atomicAdd(&sm.errors, errors);
-  if (newest) atomicExch(&sm.newest_used, 1);
+  // Summed per warp first: one shared atomic per warp, not per thread (every thread gets here).
+  hits = __reduce_add_sync(0xffffffffu, hits);
+  errors = __reduce_add_sync(0xffffffffu, errors);
+  newest = __any_sync(0xffffffffu, newest);
+  if ((threadIdx.x & 31) == 0) {
+    if (hits) atomicAdd(&sm.hits, hits);
+    if (errors) atomicAdd(&sm.errors, errors);
+    if (newest) atomicExch(&sm.newest_used, 1);
+  }
 }
 
 // Phase 2a: the claimed misses into sm.sorted_miss, ascending.
-__device__ void sort_misses(const ResolveParams& p, int num_miss, ResolveSmem& sm) {
+template <class Smem>
+__device__ void sort_misses(const ResolveParams& p, int num_miss, Smem& sm) {
+  constexpr int kItems = Smem::kItems;
   uint32_t pos[kItems];  // blocked: thread i holds ranks i*kItems .. i*kItems + kItems - 1
 #pragma unroll
   for (int k = 0; k < kItems; ++k) {
@@ -202,7 +277,7 @@ __device__ void sort_misses(const ResolveParams& p, int num_miss, ResolveSmem& s
   __syncthreads();  // sm.miss is reused by the sort
   // Positions are < max_positions: only their low bits take part (the padding's low bits are all
   // ones, so it still sorts last).
-  SortPos(sm.sort_pos).Sort(pos, 0, 32 - __clz(int(p.max_positions)));
+  typename Smem::SortPos(sm.sort_pos).Sort(pos, 0, 32 - __clz(int(p.max_positions)));
 #pragma unroll
   for (int k = 0; k < kItems; ++k) {
     const int i = int(threadIdx.x) * kItems + k;
@@ -210,57 +285,70 @@ __device__ void sort_misses(const ResolveParams& p, int num_miss, ResolveSmem& s
   }
 }
 
-// Phase 2b: misses by position meet candidate slots by (stamp, slot), rank by rank; then the
-// block copies the missing rows from the host pool.
-__device__ void assign_and_copy(const ResolveParams& p, int r, uint32_t now, ResolveSmem& sm) {
+// Phase 2b: misses by position meet candidate slots by (stamp, slot), rank by rank; the rows to
+// copy go to the workspace's copy list (copy_kernel moves them).
+template <class Smem>
+__device__ void assign_slots(const ResolveParams& p, int r, uint32_t now, Smem& sm) {
+  constexpr int kItems = Smem::kItems;
   const int num_miss = sm.num_miss;
   sort_misses(p, num_miss, sm);
   __syncthreads();
   uint32_t* stamps = p.stamps + int64_t(r) * p.R;
-  uint64_t key[kItems];
+  // Keys (stamp << kSlotBits) | slot; a slot stamped `now` (a hit of this step) and the padding
+  // get all ones. Stamps are <= now: the other keys are below 2^end_bit - 1, so those sort last.
+  const int end_bit = kSlotBits + 32 - __clz(int(now));
+  int slot_of_rank[kItems];  // blocked: thread i holds ranks i*kItems .. i*kItems + kItems - 1
+  if (end_bit <= 31) {  // now < 2^18: the keys fit 32 bits (SortPos's sort, half the exchange bytes)
+    uint32_t key[kItems];
 #pragma unroll
-  for (int k = 0; k < kItems; ++k) {
-    const int s = int(threadIdx.x) * kItems + k;
-    const uint32_t st = s < p.R - 1 ? stamps[s] : now;
-    key[k] = st != now ? (uint64_t(st) << kSlotBits) | uint64_t(s) : ~uint64_t(0);
+    for (int k = 0; k < kItems; ++k) {
+      const int s = int(threadIdx.x) * kItems + k;
+      const uint32_t st = s < p.R - 1 ? stamps[s] : now;
+      key[k] = st != now ? (st << kSlotBits) | uint32_t(s) : 0xffffffffu;
+    }
+    typename Smem::SortPos(sm.sort_pos).Sort(key, 0, end_bit);
+#pragma unroll
+    for (int k = 0; k < kItems; ++k) slot_of_rank[k] = int(key[k] & ((1u << kSlotBits) - 1));
+  } else {
+    uint64_t key[kItems];
+#pragma unroll
+    for (int k = 0; k < kItems; ++k) {
+      const int s = int(threadIdx.x) * kItems + k;
+      const uint32_t st = s < p.R - 1 ? stamps[s] : now;
+      key[k] = st != now ? (uint64_t(st) << kSlotBits) | uint64_t(s) : ~uint64_t(0);
+    }
+    typename Smem::SortSlot(sm.sort_slot).Sort(key, 0, end_bit);
+#pragma unroll
+    for (int k = 0; k < kItems; ++k) slot_of_rank[k] = int(key[k] & ((uint64_t(1) << kSlotBits) - 1));
   }
-  // Stamps are <= now: keys below 2^(kSlotBits + bit width of now); the padding sorts last.
-  SortSlot(sm.sort_slot).Sort(key, 0, kSlotBits + 32 - __clz(int(now)));
-  __syncthreads();  // the sort's storage becomes the copy list
   int32_t* map = p.pos_slot + int64_t(r) * p.max_positions;
   int32_t* slot_pos = p.slot_pos + int64_t(r) * p.R;
+  CopyJob* jobs = p.jobs + int64_t(r) * p.R;
+  // Chunks of up to 9 ranks: each chunk's slot_pos and block-table loads go out together, then
+  // its writes (the ranks' slots are distinct, as are the old and the new positions).
+  constexpr int kChunk = kItems <= 9 ? kItems : 8;
 #pragma unroll
-  for (int k = 0; k < kItems; ++k) {
-    const int i = int(threadIdx.x) * kItems + k;
-    if (i >= num_miss) break;
-    const int s = int(key[k] & ((uint64_t(1) << kSlotBits) - 1));
-    const int32_t q = sm.sorted_miss[i];
-    const int32_t old = slot_pos[s];
-    if (old >= 0) map[old] = -1;
-    map[q] = s, slot_pos[s] = q, stamps[s] = now;
-    sm.jobs[i] = CopyJob{int32_t(pool_row_of(p, r, q)), s};
-  }
-  __syncthreads();
-  // Rows of 16-byte pieces; thread t takes pieces t, t + kThreads, ..., kCopyUnroll loads at once.
-  const int pieces = p.row_bytes / 16;
-  const int total = num_miss * pieces;
-  uint8_t* hot = p.hot + int64_t(r) * p.R * p.hot_stride;
-  for (int base = int(threadIdx.x); base < total; base += kThreads * kCopyUnroll) {
-    uint4 v[kCopyUnroll];
+  for (int k0 = 0; k0 < kItems; k0 += kChunk) {
+    int32_t q[kChunk], old[kChunk], prow[kChunk];
 #pragma unroll
-    for (int u = 0; u < kCopyUnroll; ++u) {
-      const int i = base + u * kThreads;
-      if (i < total) {
-        const CopyJob job = sm.jobs[i / pieces];
-        v[u] = *reinterpret_cast<const uint4*>(p.pool + int64_t(job.src_row) * p.pool_stride + 16 * (i % pieces));
+    for (int c = 0; c < kChunk; ++c) {
+      const int k = k0 + c, i = int(threadIdx.x) * kItems + k;
+      q[c] = -1, old[c] = -1, prow[c] = -1;
+      if (k < kItems && i < num_miss) {
+        const int s = slot_of_rank[k];
+        q[c] = sm.sorted_miss[i];
+        old[c] = slot_pos[s];
+        prow[c] = int32_t(pool_row_of(p, r, q[c]));
       }
     }
 #pragma unroll
-    for (int u = 0; u < kCopyUnroll; ++u) {
-      const int i = base + u * kThreads;
-      if (i < total) {
-        const CopyJob job = sm.jobs[i / pieces];
-        *reinterpret_cast<uint4*>(hot + int64_t(job.slot) * p.hot_stride + 16 * (i % pieces)) = v[u];
+    for (int c = 0; c < kChunk; ++c) {
+      const int k = k0 + c, i = int(threadIdx.x) * kItems + k;
+      if (k < kItems && i < num_miss) {
+        const int s = slot_of_rank[k];
+        if (old[c] >= 0) map[old[c]] = -1;
+        map[q[c]] = s, slot_pos[s] = q[c], stamps[s] = now;
+        jobs[i] = CopyJob{prow[c], s};
       }
     }
   }
@@ -269,7 +357,8 @@ __device__ void assign_and_copy(const ResolveParams& p, int r, uint32_t now, Res
 // Phase 3: physical hot rows of every token of the request, compacted in entry order. A pass
 // covers kThreads * kIlp entries, thread t holding kIlp consecutive ones (the blocked order the
 // scan numbers them in).
-__device__ void write_rows(const ResolveParams& p, int r, int32_t len, ResolveSmem& sm) {
+template <class Smem>
+__device__ void write_rows(const ResolveParams& p, int r, int32_t len, Smem& sm) {
   const int32_t* map = p.pos_slot + int64_t(r) * p.max_positions;
   for (int i = 0; i < sm.num_tokens; ++i) {
     const int64_t t = sm.tokens[i];
@@ -280,8 +369,7 @@ __device__ void write_rows(const ResolveParams& p, int r, int32_t len, ResolveSm
       const int first = base + int(threadIdx.x) * kIlp;
       int32_t pos[kIlp], phys[kIlp];
       int valid[kIlp], offset[kIlp];
-#pragma unroll
-      for (int u = 0; u < kIlp; ++u) pos[u] = first + u < p.topk ? row[first + u] : -1;
+      load_pass(row, first, p.topk, pos);
 #pragma unroll
       for (int u = 0; u < kIlp; ++u) {
         const EntryKind k = classify(len, pos[u]);
@@ -302,22 +390,65 @@ __device__ void write_rows(const ResolveParams& p, int r, int32_t len, ResolveSm
   }
 }
 
-__global__ void __launch_bounds__(kThreads) resolve_kernel(ResolveParams p) {
+// Phase 3 for a step without a miss whose request has one token and K <= kThreads * kIlp: the
+// single classify pass left each thread's entries and their map slots in registers, and no map
+// entry changed since (a claim would have been a miss), so this writes what write_rows would.
+template <class Smem>
+__device__ void write_row_from_regs(const ResolveParams& p, int r, int32_t len, Smem& sm,
+                                    const int32_t (&pos)[kIlp], const int32_t (&map_slot)[kIlp]) {
+  const int64_t t = sm.tokens[0];
+  int32_t* out = p.phys + t * p.phys_stride_t;
+  int32_t phys[kIlp];
+  int valid[kIlp], offset[kIlp];
+#pragma unroll
+  for (int u = 0; u < kIlp; ++u) {
+    const EntryKind k = classify(len, pos[u]);
+    const int32_t slot = k == kNewest ? p.R - 1 : k == kOld ? map_slot[u] : -1;
+    phys[u] = slot >= 0 ? r * p.R + slot : -1;
+    valid[u] = slot >= 0;
+  }
+  int n;
+  Scan(sm.scan).ExclusiveSum(valid, offset, n);
+#pragma unroll
+  for (int u = 0; u < kIlp; ++u)
+    if (valid[u]) out[offset[u]] = phys[u];
+  for (int j = n + int(threadIdx.x); j < p.topk; j += kThreads) out[j] = -1;
+  if (threadIdx.x == 0 && p.counts) p.counts[t] = n;
+}
+
+template <int kItems>
+__device__ __forceinline__ void resolve_body(const ResolveParams& p) {
+  using Smem = ResolveSmem<kItems>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  ResolveSmem& sm = *reinterpret_cast<ResolveSmem*>(smem_raw);
+  Smem& sm = *reinterpret_cast<Smem*>(smem_raw);
   const int r = int(blockIdx.x);
   // The request's clock: the stamp word of its reserved slot R - 1 (no LRU candidate reads it).
   uint32_t* clock = p.stamps + int64_t(r) * p.R + (p.R - 1);
+  // copy_kernel (a PDL launch) may start its blocks now; they wait for this grid's end.
+  ptx::pdl_launch_dependents();
+  // The loads that need nothing from shared memory go out first, so that their latency overlaps
+  // the token collection: the clock, the length, and (token t = request r when req_of_token is
+  // null) the first classify pass of the request's positions.
   const uint32_t now = (r < p.num_reqs ? *clock : 0u) + 1;
-  int32_t len;
+  const int32_t len = r < p.num_reqs ? p.seq_lens[r] : 0;
+  const bool have_pre = !p.req_of_token && r < p.num_reqs && r < p.num_tokens;
+  int32_t pre[kIlp];
+  if (have_pre) {
+    load_pass(p.positions + int64_t(r) * p.pos_stride_t, int(threadIdx.x) * kIlp, p.topk, pre);
+  }
   collect_tokens(p, r, sm, len);
   const bool live = sm.num_tokens > 0 && !sm.bad;
   if (live) {
-    classify_entries(p, r, len, now, sm);
+    int32_t keep_pos[kIlp], keep_slot[kIlp];
+    classify_entries(p, r, len, now, sm, have_pre, pre, keep_pos, keep_slot);
     __syncthreads();
-    if (sm.num_miss > 0) assign_and_copy(p, r, now, sm);
-    __syncthreads();  // map writes of every thread are visible to the block; the scan reuses the union
-    write_rows(p, r, len, sm);
+    if (sm.num_miss == 0 && sm.num_tokens == 1 && p.topk <= kThreads * kIlp) {
+      write_row_from_regs(p, r, len, sm, keep_pos, keep_slot);
+    } else {
+      if (sm.num_miss > 0) assign_slots(p, r, now, sm);
+      __syncthreads();  // map writes of every thread are visible to the block; the scan reuses the union
+      write_rows(p, r, len, sm);
+    }
   } else if (sm.num_tokens > 0) {  // a dropped request: every one of its tokens comes out empty
     for (int64_t t = 0; t < p.num_tokens; ++t)
       if (req_of(p, t) == r) write_empty_row(p, t);
@@ -331,15 +462,58 @@ __global__ void __launch_bounds__(kThreads) resolve_kernel(ResolveParams p) {
   }
   __syncthreads();
   if (threadIdx.x == 0) {
+    if (r < p.num_reqs) p.miss_count[r] = sm.num_miss;  // 0 unless live: copy_kernel's row count
     if (live) *clock = now;
-    const unsigned long long hits = sm.hits + (sm.newest_used ? 1 : 0);
+    const unsigned long long hits = (unsigned long long)sm.hits + (sm.newest_used ? 1 : 0);
     if (hits) atomicAdd(reinterpret_cast<unsigned long long*>(&p.ctr->hits), hits);
     if (sm.num_miss) {
       atomicAdd(reinterpret_cast<unsigned long long*>(&p.ctr->misses), (unsigned long long)sm.num_miss);
       atomicAdd(reinterpret_cast<unsigned long long*>(&p.ctr->bytes), (unsigned long long)sm.num_miss * p.row_bytes);
     }
-    if (sm.errors) atomicAdd(reinterpret_cast<unsigned long long*>(&p.ctr->errors), sm.errors);
+    if (sm.errors) atomicAdd(reinterpret_cast<unsigned long long*>(&p.ctr->errors), (unsigned long long)sm.errors);
     if (r == 0) atomicAdd(&p.ctr->clock, 1u);  // steps resolved
+  }
+}
+
+// One kernel per sort size. Their launch bounds differ only so that ptxas allocates each without
+// a spill (its choice for the 9-key body under a bare __launch_bounds__(512) spills, and for the
+// 16-key body under (512, 1) it does too; KernelConfig.KernelsHaveTheirRegistersAndNoSpills).
+__global__ void __launch_bounds__(kThreads, 1) resolve_kernel_9(ResolveParams p) { resolve_body<kItemsSmall>(p); }
+__global__ void __launch_bounds__(kThreads) resolve_kernel_16(ResolveParams p) { resolve_body<kItemsLarge>(p); }
+
+// Copies the rows of the copy lists: request blockIdx.x / blocks_per_req, the part blockIdx.x %
+// blocks_per_req of its 16-byte pieces (strided, kCopyUnroll loads in flight per thread).
+constexpr int kCopyThreads = 256;
+__global__ void __launch_bounds__(kCopyThreads) copy_kernel(const int32_t* miss_count, const CopyJob* jobs_all, int R,
+                                                            int blocks_per_req, int pieces, const uint8_t* pool,
+                                                            int64_t pool_stride, uint8_t* hot_all, int64_t hot_stride) {
+  ptx::pdl_wait();  // resolve_kernel's copy lists (a no-op unless launched with PDL)
+  const int r = int(blockIdx.x) / blocks_per_req, part = int(blockIdx.x) % blocks_per_req;
+  const int total = miss_count[r] * pieces;
+  const CopyJob* jobs = jobs_all + int64_t(r) * R;
+  uint8_t* hot = hot_all + int64_t(r) * R * hot_stride;
+  // The request's blocks_per_req * kCopyThreads threads take consecutive pieces (coalesced), u-th
+  // load of a thread one grid width further: a short list spreads over all of the request's
+  // blocks (SMs) instead of filling the first few.
+  const int width = blocks_per_req * kCopyThreads;
+  for (int base = part * kCopyThreads + int(threadIdx.x); base < total; base += width * kCopyUnroll) {
+    uint4 v[kCopyUnroll];
+#pragma unroll
+    for (int u = 0; u < kCopyUnroll; ++u) {
+      const int i = base + u * width;
+      if (i < total) {
+        const CopyJob job = jobs[i / pieces];
+        v[u] = *reinterpret_cast<const uint4*>(pool + int64_t(job.src_row) * pool_stride + 16 * (i % pieces));
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kCopyUnroll; ++u) {
+      const int i = base + u * width;
+      if (i < total) {
+        const CopyJob job = jobs[i / pieces];
+        *reinterpret_cast<uint4*>(hot + int64_t(job.slot) * hot_stride + 16 * (i % pieces)) = v[u];
+      }
+    }
   }
 }
 
@@ -455,6 +629,8 @@ void resolve_tiered(const TieredCache& cache, const TieredResolveParams& p, void
   SMLA_CHECK(p.workspace_bytes >= cache.workspace_bytes() && (cache.workspace_bytes() == 0 || p.workspace),
              "tiered workspace too small: it needs " + s(int64_t(cache.workspace_bytes())) + " bytes; got " +
                  s(int64_t(p.workspace_bytes)));
+  SMLA_CHECK(reinterpret_cast<uintptr_t>(p.workspace) % 16 == 0,
+             "tiered workspace must be 16-byte aligned (cudaMalloc memory is)");
   SMLA_CHECK(p.num_tokens <= INT32_MAX, "resolve_tiered: at most 2^31 - 1 tokens per step");
   const TieredCacheConfig& c = cache.config();
   const TieredStateLayout& L = cache.state_layout();
@@ -476,14 +652,60 @@ void resolve_tiered(const TieredCache& cache, const TieredResolveParams& p, void
   k.pool = static_cast<const uint8_t*>(pool), k.pool_stride = p.pool_row_stride_bytes;
   k.hot = static_cast<uint8_t*>(p.hot), k.hot_stride = cache.hot_row_stride_bytes();
   k.phys = p.phys, k.phys_stride_t = p.phys_stride_t, k.counts = p.counts;
+  // The workspace: miss counts [max_requests] (one 256-byte-aligned block), then the copy lists.
+  auto* ws = static_cast<uint8_t*>(p.workspace);
+  k.miss_count = reinterpret_cast<int32_t*>(ws);
+  k.jobs = reinterpret_cast<CopyJob*>(ws + (size_t(c.max_requests) * sizeof(int32_t) + 255) / 256 * 256);
+  static_assert(sizeof(CopyJob) == 8, "the workspace size in TieredCache counts 8 bytes per copy job");
 
   auto st = static_cast<cudaStream_t>(stream);
-  constexpr int kSmem = int(sizeof(ResolveSmem));
-  // Set on every call: the attribute belongs to the current device, and the call is cheap.
-  check_cuda(cudaFuncSetAttribute(resolve_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
-             "resolve_kernel shared-memory attribute");
-  resolve_kernel<<<unsigned(p.num_reqs > 0 ? p.num_reqs : 1), kThreads, kSmem, st>>>(k);
+  const unsigned grid = unsigned(p.num_reqs > 0 ? p.num_reqs : 1);
+  // The attribute is set on every call: it belongs to the current device, and the call is cheap.
+  if (c.hot_slots <= kThreads * kItemsSmall) {
+    constexpr int kSmem = int(sizeof(ResolveSmem<kItemsSmall>));
+    check_cuda(cudaFuncSetAttribute(resolve_kernel_9, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
+               "resolve_kernel shared-memory attribute");
+    resolve_kernel_9<<<grid, kThreads, kSmem, st>>>(k);
+  } else {
+    constexpr int kSmem = int(sizeof(ResolveSmem<kItemsLarge>));
+    check_cuda(cudaFuncSetAttribute(resolve_kernel_16, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
+               "resolve_kernel shared-memory attribute");
+    resolve_kernel_16<<<grid, kThreads, kSmem, st>>>(k);
+  }
   check_launch("resolve_kernel");
+  // Launched whenever resolve_kernel wrote miss counts (T = 0 included: every count is then 0 and
+  // the pool is not read), so the launch shape depends on (num_reqs, topk) only.
+  if (p.num_reqs == 0) return;
+
+  // Blocks per request: enough for the most a request can miss (R - 1 rows, or its tokens' K
+  // entries) at kCopyPiecesPerThread pieces per thread, at most about 8 x #SMs blocks in all (a
+  // thread then takes up to kCopyUnroll pieces per round). Depends on (num_reqs, topk) only.
+  int dev = 0, sms = 0;
+  check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
+  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
+  const int pieces = k.row_bytes / 16;
+  const int64_t max_rows = std::min<int64_t>(c.hot_slots - 1, int64_t(c.max_tokens_per_request) * p.topk);
+  constexpr int kCopyPiecesPerThread = 4;
+  const int64_t per_block = int64_t(kCopyThreads) * kCopyPiecesPerThread;
+  const int64_t want = std::max<int64_t>(1, (max_rows * pieces + per_block - 1) / per_block);
+  const int64_t cap = std::max<int64_t>(1, int64_t(sms) * 8 / p.num_reqs);
+  const int blocks_per_req = int(std::min(want, cap));
+  // A PDL launch: its blocks become resident while resolve_kernel runs (every resolve block
+  // triggers at its start) and wait in pdl_wait() for its end, so no launch gap sits between them.
+  cudaLaunchConfig_t lc{};
+  lc.gridDim = dim3(unsigned(int64_t(blocks_per_req) * p.num_reqs));
+  lc.blockDim = dim3(kCopyThreads);
+  lc.stream = st;
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  lc.attrs = &attr;
+  lc.numAttrs = 1;
+  check_cuda(cudaLaunchKernelEx(&lc, copy_kernel, static_cast<const int32_t*>(k.miss_count),
+                                static_cast<const CopyJob*>(k.jobs), int(c.hot_slots), blocks_per_req, pieces, k.pool,
+                                int64_t(k.pool_stride), k.hot, int64_t(k.hot_stride)),
+             "copy_kernel launch (PDL)");
+  check_launch("copy_kernel");
 }
 
 void gather_rows_from_host(const void* src, int64_t src_stride, const int32_t* rows, int64_t n, void* dst,
