@@ -92,7 +92,7 @@ class Dcp {
 // handed to all, and a communicator from it (on the current device). By default the communicator
 // is nonblocking, so no NCCL call can hang the host: Dcp polls each call against its timeout and a
 // dead peer surfaces within DcpConfig::timeout_ms. A blocking communicator enqueues faster (see
-// docs/perf-notes.md, DCP) but a peer lost during connection setup then surfaces only after NCCL's
+// docs/perf-history.md, DCP) but a peer lost during connection setup then surfaces only after NCCL's
 // own timeout (about 60 s measured); a hang after enqueue is still caught by Dcp::wait.
 std::vector<uint8_t> make_unique_id();
 void* make_comm(const std::vector<uint8_t>& unique_id, int world, int rank, int timeout_ms = 60000,

@@ -327,7 +327,7 @@ TEST(SparseMlaSm90Edge, BadArgumentsRefused) {
 }  // namespace
 
 // Host-only (no device needed): which variant of the table (smla/support.h) runs each geometry on
-// an SM90 GPU: every format and H on the warp-specialized kernel (docs/perf-notes.md v6/v7), the
+// an SM90 GPU: every format and H on the warp-specialized kernel (docs/perf-history.md v6/v7), the
 // fp8 tensor-core score path only when asked for, and only for an e4m3 q with an fp8 cache.
 TEST(SparseMlaSm90Routing, Variants) {
   auto variant = [](KvFormat f, int H, DType q, smla::ScorePrecision score = smla::ScorePrecision::kBF16) {

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""What an e4m3 q costs in accuracy (issue #4, docs/perf-notes.md session 8).
+"""What an e4m3 q costs in accuracy (issue #4, docs/perf-history.md session 8).
 
 Runs smla's CPU reference (float64) twice over the same fp8_ds_mla (or fp8_e4m3) rows: once with a
 bf16 q, once with that q quantized to e4m3 with a per-tensor scale amax / 448 (what a serving layer's

@@ -1,5 +1,5 @@
 // smla_ubench_smem: how fast one SM runs the shared-memory traffic of the warp-specialized sparse
-// MLA kernel's tile, part by part (docs/perf-notes.md, session 7: its per-tile time follows the
+// MLA kernel's tile, part by part (docs/perf-history.md, session 7: its per-tile time follows the
 // shared-memory bytes a tile moves, at about half of the nominal rate; this finds which part is slow).
 //
 // One block per SM, three warpgroups, each part on or off per case:

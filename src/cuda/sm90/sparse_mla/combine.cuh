@@ -90,7 +90,7 @@ __global__ void __launch_bounds__(128) combine_kernel(const __grid_constant__ Ke
 
 // Launched as a programmatic dependent launch behind the attention kernel (which triggers it
 // early): its blocks start while the attention grid's last blocks run and wait in pdl_wait(),
-// hiding the launch gap (small T; docs/perf-notes.md v8). The shared-memory carveout is the
+// hiding the launch gap (small T; docs/perf-history.md v8). The shared-memory carveout is the
 // attention kernel's: an SM that switches its L1 / shared split between kernels waits for its
 // blocks to drain first.
 template <typename Elem>

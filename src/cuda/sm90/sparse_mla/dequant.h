@@ -111,7 +111,7 @@ SMLA_DQ_UNROLL
 #if defined(__CUDACC__)
 // Device fast paths (hardware cvt, sm_89+): the same values as e4m3x8 / e4m3x8_scaled (e4m3 ->
 // f16 -> f32 is exact; NaN bytes may give a different NaN pattern). Used by the warp-specialized
-// kernel's producer, which dequantizes a whole tile per warpgroup.
+// kernel's second consumer (convert.cuh), which dequantizes a tile in place.
 __device__ __forceinline__ void e4m3x4_f32(uint32_t w, float (&f)[4]) {
   uint32_t h0, h1;
   ptx::cvt_e4m3x4_f16x2(w, h0, h1);

@@ -1,4 +1,4 @@
-// Instantiation: fp8_e4m3 cache (dequantized to bf16 by the producer), head tile 64, warp-specialized.
+// Instantiation: fp8_e4m3 cache (gathered raw by the producer, dequantized to bf16 by consumer 1), head tile 64, warp-specialized.
 #include "cuda/sm90/sparse_mla/kernel_ws.cuh"
 
 namespace smla::cuda::sm90::sparse_mla {

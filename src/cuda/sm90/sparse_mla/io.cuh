@@ -101,7 +101,7 @@ __device__ __forceinline__ void load_q(const KernelParams& p, WsSmem<kQ8>& s, co
 
 // Consumer kWg's epilogue: row sums (quad, then the two warpgroups, both relative to the scorer's
 // final max; consumer 1's are 0, the scorer sums the whole tile), then its 256 output dims from
-// the fragments (through shared memory with 16-byte stores was no faster: docs/perf-notes.md,
+// the fragments (through shared memory with 16-byte stores was no faster: docs/perf-history.md,
 // session 4). One split: out = O / (l + sink term) * out_scale and the LSE; several: the split's
 // partial O / l and its natural-log LSE for the merge.
 template <typename Elem, int kWg, bool kQ8>

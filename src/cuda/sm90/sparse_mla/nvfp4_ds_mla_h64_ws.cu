@@ -1,4 +1,4 @@
-// Instantiation: nvfp4_ds_mla cache (dequantized to bf16 by the producer), head tile 64, warp-specialized.
+// Instantiation: nvfp4_ds_mla cache (gathered raw by the producer, dequantized to bf16 by consumer 1), head tile 64, warp-specialized.
 #include "cuda/sm90/sparse_mla/kernel_ws.cuh"
 
 namespace smla::cuda::sm90::sparse_mla {

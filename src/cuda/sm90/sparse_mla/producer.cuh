@@ -34,7 +34,7 @@ __device__ __forceinline__ void ws_produce(const KernelParams& p, WsConfig::Shar
   // Dim blocks [kBlk0, kBlk1) of the tile's rows into the buffer at `base`. L2 fetches are 256
   // bytes (DRAM runs faster than with 128), except a row's last block when it starts a 256-byte
   // segment: its fetch would pull the next 128 bytes (another row's) from DRAM too (ncu, H = 64,
-  // T = 512: DRAM reads 1.27 -> 1.21 GB, the rows' own bytes; docs/perf-notes.md, session 7).
+  // T = 512: DRAM reads 1.27 -> 1.21 GB, the rows' own bytes; docs/perf-history.md, session 7).
   auto copy = [&](uint32_t base, auto kblk0, auto kblk1) {
     constexpr int kBlk0 = decltype(kblk0)::value, kBlk1 = decltype(kblk1)::value;
 #pragma unroll
