@@ -180,4 +180,54 @@ TEST(CliBinary, BenchOutputAndEarlyRefusals) {
   EXPECT_TRUE(contains(r.out, "--format has no effect with --dcp")) << r.out;
 }
 
+TEST(CliBinary, BenchShardqRefusals) {
+  // Bad combinations are refused by the argument check, before any device is touched, in every
+  // build: the message names the argument, and nothing about devices or backends appears.
+  const struct {
+    const char* args;
+    const char* want;
+  } bad[] = {
+      {"--shardq 3", "W must divide the 128 query heads"},
+      {"--shardq 2,3", "W must divide the 128 query heads"},
+      {"--shardq 4 --heads 8,16", "--heads must be an integer"},
+      {"--shardq 16 --heads 8", "W must divide the 8 query heads"},
+      {"--shardq 1", "--shardq must be comma-separated integers, each in [2, 128]"},
+      {"--shardq 256", "--shardq must be comma-separated integers, each in [2, 128]"},
+      {"--shardq 8 --format nvfp4_ds_mla", "bf16 and fp8_ds_mla"},
+      {"--shardq 8 --formats bf16,fp8_e4m3", "bf16 and fp8_ds_mla"},
+      {"--shardq 8 --format bf16 --formats bf16", "not both"},
+      {"--shardq 8 --format nosuch", "nosuch"},
+      {"--shardq 8 --reps 5", "--reps must be an integer in [20,"},
+      {"--shardq 8 --T 0", "--T must be comma-separated integers"},
+      {"--shardq 8 --json /nonexistent-dir/x.json", "--json"},
+      {"--shardq 8 --q e4m3", "--q has no effect with --shardq"},
+      {"--shardq 8 --B 4", "--B has no effect with --shardq"},
+      {"--shardq 8 --backend cuda", "--backend has no effect with --shardq"},
+      {"--shardq 8 --dcp 2", "--dcp has no effect with --shardq"},
+      {"--hisparse --shardq 8", "--shardq has no effect with --hisparse"},
+  };
+  for (const auto& c : bad) {
+    const CliRun r = smla_cli(std::string("bench ") + c.args);
+    EXPECT_EQ(r.rc, 1) << c.args << ": " << r.out;
+    EXPECT_TRUE(contains(r.out, c.want)) << c.args << ": " << r.out;
+    EXPECT_FALSE(contains(r.out, "no CUDA device")) << c.args << " reached the device check: " << r.out;
+    EXPECT_FALSE(contains(r.out, "needs the CUDA backend")) << c.args << " reached the build check: " << r.out;
+    EXPECT_FALSE(contains(r.out, "repro:")) << c.args << " ran a case: " << r.out;
+  }
+  // --formats without --shardq or --hisparse is still refused.
+  CliRun r = smla_cli("bench --backend cpu --formats bf16");
+  EXPECT_EQ(r.rc, 1) << r.out;
+  EXPECT_TRUE(contains(r.out, "--formats is read only with --hisparse or --shardq")) << r.out;
+  if (smla::first_cuda_device().present()) GTEST_SKIP() << "a CUDA device is present: the no-device refusal is not testable here";
+  // Good arguments without a GPU: the device (CUDA build) or the build (CPU build) is named.
+  const std::string want = smla::built_with_cuda() ? "no CUDA device found" : "needs the CUDA backend";
+  for (const char* args : {"--shardq 8", "--shardq 2,4,8 --formats bf16,fp8_ds_mla --T 4096,16384",
+                           "--shardq 4 --format fp8_ds_mla --heads 64 --topk 512 --reps 20 --pool 4096"}) {
+    r = smla_cli(std::string("bench ") + args);
+    EXPECT_EQ(r.rc, 1) << args << ": " << r.out;
+    EXPECT_TRUE(contains(r.out, want)) << args << ": " << r.out;
+    EXPECT_FALSE(contains(r.out, "repro:")) << args << ": " << r.out;
+  }
+}
+
 }  // namespace

@@ -144,6 +144,34 @@ int bench_cpu(const Args& a) {
 
 }  // namespace
 
+ShardqSetup parse_shardq(const Args& a) {
+  ShardqSetup st;
+  st.heads = int(a.get_int("heads", 128, 1, kMaxNativeHeads));
+  for (long long w : a.get_ints("shardq", {2, 4, 8}, 2, kMaxNativeHeads)) {
+    SMLA_CHECK(st.heads % w == 0, "--shardq " + std::to_string(w) + ": W must divide the " + std::to_string(st.heads) +
+                                      " query heads (each rank holds H / W of them); use 2, 4 or 8");
+    st.worlds.push_back(int(w));
+  }
+  SMLA_CHECK(!(a.has("format") && a.has("formats")), "give --format F or --formats F[,F...] with --shardq, not both");
+  const std::string f = a.has("format") ? a.get("format", "") : a.get("formats", "bf16,fp8_ds_mla");
+  for (size_t start = 0; start <= f.size();) {
+    size_t end = f.find(',', start);
+    if (end == std::string::npos) end = f.size();
+    const KvFormat fmt = parse_kv_format(f.substr(start, end - start));
+    SMLA_CHECK(fmt == KvFormat::kBF16 || fmt == KvFormat::kFP8DsMla,
+               "--shardq times the bf16 and fp8_ds_mla caches (issue #22); got " + std::string(to_string(fmt)) +
+                   " in --format(s)");
+    st.formats.push_back(fmt);
+    start = end + 1;
+  }
+  st.Ts = a.get_ints("T", {4096, 16384}, 1, 1 << 20);
+  st.topk = int(a.get_int("topk", 2048, 1, 1 << 20));
+  st.reps = int(a.get_int("reps", 30, 20, 1 << 20));  // >= 20: the spread needs the samples
+  st.pool_rows = a.get_int("pool", 1 << 20, 1, int64_t(1) << 31);
+  check_json_path(a);
+  return st;
+}
+
 int cmd_bench(const Args& a) {
   // Every flag given is used by the chosen path, or refused (never silently ignored).
   SMLA_CHECK(!a.has("q") || a.get("q", "") == "e4m3",
@@ -160,8 +188,24 @@ int cmd_bench(const Args& a) {
     fail("smla bench --hisparse needs the CUDA backend; this build has none (build with nvcc on the PATH)");
 #endif
   }
+  if (a.has("shardq")) {
+    for (const auto& kv : a.kv) {
+      const std::string& key = kv.first;
+      SMLA_CHECK(key == "shardq" || key == "format" || key == "formats" || key == "T" || key == "heads" ||
+                     key == "topk" || key == "reps" || key == "pool" || key == "json",
+                 "--" + key + " has no effect with --shardq (it reads --format or --formats, --T, --heads, --topk, "
+                 "--reps, --pool and --json)");
+    }
+    const ShardqSetup setup = parse_shardq(a);  // every argument checked before a device is touched
+#if SMLA_HAVE_CUDA
+    return bench_shardq(a, setup);
+#else
+    (void)setup;
+    fail("smla bench --shardq needs the CUDA backend; this build has none (build with nvcc on the PATH)");
+#endif
+  }
   for (const char* key : {"formats", "B", "reuse", "context"})
-    SMLA_CHECK(!a.has(key), std::string("--") + key + " is read only with --hisparse");
+    SMLA_CHECK(!a.has(key), std::string("--") + key + " is read only with --hisparse or --shardq");
   if (a.has("dcp")) {
     for (const auto& kv : a.kv) {
       const std::string& key = kv.first;

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "cli.h"
+#include "smla/types.h"
 
 namespace smla::cli {
 
@@ -34,6 +35,17 @@ void check_json_path(const Args& a);
 void write_json(const std::string& path, const std::vector<BenchRecord>& recs, const std::string& device,
                 double gemm_tflops, double copy_tbps);
 
+// smla bench --shardq W[,W...]: what it runs, parsed and checked before any device is touched (in
+// every build, so a bad combination is refused the same way with or without CUDA).
+struct ShardqSetup {
+  std::vector<int> worlds;           // W: tensor-parallel ranks, each dividing `heads`
+  std::vector<KvFormat> formats;     // bf16 and / or fp8_ds_mla
+  std::vector<long long> Ts;         // tokens of the one prefill request
+  int heads = 128, topk = 2048, reps = 30;
+  long long pool_rows = 1 << 20;
+};
+ShardqSetup parse_shardq(const Args& a);
+
 #if SMLA_HAVE_CUDA
 // The GPU benchmark (tools/smla/bench_cuda.cpp); returns the process exit code.
 int bench_cuda(const Args& a);
@@ -41,6 +53,10 @@ int bench_cuda(const Args& a);
 #if SMLA_HAVE_CUDA
 // smla bench --hisparse (tools/smla/bench_hisparse.cpp).
 int bench_hisparse(const Args& a);
+#endif
+#if SMLA_HAVE_CUDA
+// smla bench --shardq (tools/smla/bench_shardq.cpp).
+int bench_shardq(const Args& a, const ShardqSetup& setup);
 #endif
 #if SMLA_HAVE_NCCL
 // smla bench --dcp W (tools/smla/bench_dcp.cpp).
