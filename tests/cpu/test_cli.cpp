@@ -204,7 +204,6 @@ TEST(CliBinary, BenchShardqRefusals) {
       {"--shardq 8 --B 4", "--B has no effect with --shardq"},
       {"--shardq 8 --backend cuda", "--backend has no effect with --shardq"},
       {"--shardq 8 --dcp 2", "--dcp has no effect with --shardq"},
-      {"--hisparse --shardq 8", "--shardq has no effect with --hisparse"},
   };
   for (const auto& c : bad) {
     const CliRun r = smla_cli(std::string("bench ") + c.args);
