@@ -12,6 +12,7 @@
 #include "decode_small_h/src/kernel.cuh"
 #include "smla/formats.h"
 #include "smla/plan.h"
+#include "smla/workspace.h"
 
 namespace smla::cuda {
 namespace {
@@ -200,9 +201,10 @@ void decode_small_h_launch_diag(const SparseMlaParams& p, void* workspace, size_
   kp.lse = p.lse_mode == LseMode::kOff ? nullptr : p.lse;
   kp.lse_stride_t = p.lse_stride_t;
   kp.lse_base2 = p.lse_mode == LseMode::kBase2;
-  if (splits > 1) {
-    kp.part_out = static_cast<float*>(workspace);
-    kp.part_lse = kp.part_out + p.num_tokens * p.num_heads * splits * kLatentDim;
+  if (splits > 1) {  // carved as smla/workspace.h lays it out (need above is its total)
+    const SparseMlaWorkspace layout = sparse_mla_workspace(p.num_tokens, p.num_heads, splits);
+    kp.part_out = reinterpret_cast<float*>(static_cast<uint8_t*>(workspace) + layout.part_out.offset);
+    kp.part_lse = reinterpret_cast<float*>(static_cast<uint8_t*>(workspace) + layout.part_lse.offset);
   }
 
   auto s = static_cast<cudaStream_t>(stream);
