@@ -49,9 +49,7 @@ int cmd_info(const Args& a) {
   }
   // The variant table on an SM90 GPU: each variant, whether it takes this problem, and why not.
   if (!runnable) return 1;
-  const CudaVariant* selected = cuda_variant_for(g, any_sm90_device());
-  std::printf("CUDA variants (the first that supports the problem runs; on an SM90 GPU: %s):\n",
-              selected != nullptr ? selected->name : "none");
+  std::printf("CUDA variants (the first that supports the problem runs):\n");
   for (const CudaVariant& v : cuda_variants()) {
     const Support s = v.supports(g, any_sm90_device());
     std::printf("  %-10s scores %-4s  %s\n             %s\n", v.name, std::string(to_string(v.score_precision)).c_str(),
