@@ -26,44 +26,21 @@
 #include "smla/params.h"
 #include "smla/state.h"
 #include "smla/workspace.h"
+#include "dist/nccl_common.h"
 
 namespace smla::dist {
 namespace {
 
-void check_cuda(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) fail(std::string("DCP: ") + what + ": " + cudaGetErrorString(e));
-}
-void check_nccl(ncclResult_t r, const char* what) {
-  if (r != ncclSuccess && r != ncclInProgress) fail(std::string("DCP: ") + what + ": " + ncclGetErrorString(r));
-}
+using detail::check_cuda;
+using detail::check_nccl;
+using detail::DeviceScope;
+using detail::part_of;
+using detail::settle;
 
 // Partials merged per (row, head) sit in a small local array indexed by rank; these merge kernels
 // move a few hundred KB per step, so that stack use (see ptxas) is deliberate.
 constexpr int kMaxWorld = 16;
 
-// A nonblocking communicator answers ncclInProgress while a call is still being enqueued (e.g.
-// connecting to a peer). Poll its state on the host (the stream is not synchronized) until the
-// call is in place; past timeout_ms, or on an error, abort the communicator and throw.
-void settle(ncclComm_t comm, ncclResult_t r, const char* what, int timeout_ms) {
-  const auto t0 = std::chrono::steady_clock::now();
-  while (r == ncclInProgress) {
-    const auto waited =
-        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
-    if (waited > timeout_ms) {
-      ncclCommAbort(comm);
-      fail(std::string("DCP: ") + what + " was not enqueued within " + std::to_string(timeout_ms) +
-           " ms (a peer stopped taking part?); the communicator was aborted");
-    }
-    // Spin for the first 20 ms (an enqueue normally settles in microseconds and a sleep would
-    // leave the GPU idle), then poll gently.
-    if (waited > 20) std::this_thread::sleep_for(std::chrono::microseconds(100));
-    if (ncclCommGetAsyncError(comm, &r) != ncclSuccess) r = ncclSystemError;
-  }
-  if (r != ncclSuccess) {
-    ncclCommAbort(comm);
-    fail(std::string("DCP: ") + what + ": " + ncclGetErrorString(r) + "; the communicator was aborted");
-  }
-}
 constexpr int kPack = kLatentDim + 1;  // one packed partial: 512 outputs + its LSE
 
 // [W, T, H_l, D] (16-bit) -> [T, W * H_l, D]: one block per (t, gathered head), 16-byte copies.
@@ -130,31 +107,6 @@ __global__ void merge_received_kernel(const float* recv, uint16_t* out, float* l
   }
   if (lse && threadIdx.x == 0) lse[i] = L;
 }
-
-// A part of the caller's workspace, typed (nullptr when the part is absent).
-template <class T>
-T* part_of(void* workspace, const WorkspacePart& part) {
-  return part.bytes ? reinterpret_cast<T*>(static_cast<uint8_t*>(workspace) + part.offset) : nullptr;
-}
-
-// Makes `device` current for a scope and restores the previous device after (only when they differ,
-// so the common case costs one cudaGetDevice).
-class DeviceScope {
- public:
-  explicit DeviceScope(int device) {
-    check_cuda(cudaGetDevice(&prev_), "cudaGetDevice");
-    if (prev_ != device) check_cuda(cudaSetDevice(device), "cudaSetDevice(the communicator's device)");
-    else prev_ = -1;
-  }
-  ~DeviceScope() {
-    if (prev_ >= 0) cudaSetDevice(prev_);
-  }
-  DeviceScope(const DeviceScope&) = delete;
-  DeviceScope& operator=(const DeviceScope&) = delete;
-
- private:
-  int prev_ = -1;
-};
 
 PlanConfig attention_plan_config(const DcpConfig& cfg, int device) {
   PlanConfig pc;

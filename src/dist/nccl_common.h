@@ -1,0 +1,74 @@
+// Internal helpers shared by the NCCL steps of smla_dist (DCP, ShardQ): error checks, the
+// guarded enqueue of an NCCL call, the device scope and typed views of the caller's workspace.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <thread>
+
+#include "smla/types.h"
+#include "smla/workspace.h"
+
+namespace smla::dist::detail {
+
+inline void check_cuda(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) fail(std::string("NCCL step: ") + what + ": " + cudaGetErrorString(e));
+}
+inline void check_nccl(ncclResult_t r, const char* what) {
+  if (r != ncclSuccess && r != ncclInProgress) fail(std::string("NCCL step: ") + what + ": " + ncclGetErrorString(r));
+}
+
+// A nonblocking communicator answers ncclInProgress while a call is still being enqueued (e.g.
+// connecting to a peer). Poll its state on the host (the stream is not synchronized) until the
+// call is in place; past timeout_ms, or on an error, abort the communicator and throw.
+inline void settle(ncclComm_t comm, ncclResult_t r, const char* what, int timeout_ms) {
+  const auto t0 = std::chrono::steady_clock::now();
+  while (r == ncclInProgress) {
+    const auto waited =
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+    if (waited > timeout_ms) {
+      ncclCommAbort(comm);
+      fail(std::string("NCCL: ") + what + " was not enqueued within " + std::to_string(timeout_ms) +
+           " ms (a peer stopped taking part?); the communicator was aborted");
+    }
+    // Spin for the first 20 ms (an enqueue normally settles in microseconds and a sleep would
+    // leave the GPU idle), then poll gently.
+    if (waited > 20) std::this_thread::sleep_for(std::chrono::microseconds(100));
+    if (ncclCommGetAsyncError(comm, &r) != ncclSuccess) r = ncclSystemError;
+  }
+  if (r != ncclSuccess) {
+    ncclCommAbort(comm);
+    fail(std::string("NCCL: ") + what + ": " + ncclGetErrorString(r) + "; the communicator was aborted");
+  }
+}
+
+// A part of the caller's workspace, typed (nullptr when the part is absent).
+template <class T>
+T* part_of(void* workspace, const WorkspacePart& part) {
+  return part.bytes ? reinterpret_cast<T*>(static_cast<uint8_t*>(workspace) + part.offset) : nullptr;
+}
+
+// Makes `device` current for a scope and restores the previous device after (only when they differ,
+// so the common case costs one cudaGetDevice).
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device) {
+    check_cuda(cudaGetDevice(&prev_), "cudaGetDevice");
+    if (prev_ != device) check_cuda(cudaSetDevice(device), "cudaSetDevice(the communicator's device)");
+    else prev_ = -1;
+  }
+  ~DeviceScope() {
+    if (prev_ >= 0) cudaSetDevice(prev_);
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  int prev_ = -1;
+};
+
+}  // namespace smla::dist::detail
