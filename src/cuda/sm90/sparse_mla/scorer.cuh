@@ -41,73 +41,80 @@ __device__ __forceinline__ void issue_scores(WsConfig::SharedStorage& s, uint32_
   ptx::wgmma_commit();
 }
 
-// The fp8 score path: S of stage tile % 2 on the fp8 tensor cores (m64n64k32 e4m3). fp8_e4m3: one
-// group over the 576 dims. fp8_ds_mla: each 128-dim tile's product goes to its own accumulator and
-// is added times the rows' tile scales (acc_s for tile 0, then t_acc), the bf16 RoPE product last
-// (m64n64k16, Q's RoPE widened exactly). `pv_pending`: a P V group was committed before; it is
-// done when `release` runs. Returns with at most the last group in flight.
+// The fp8 score path: S of stage tile % 2 on the fp8 tensor cores (m64n64k32 e4m3), summed in fp32
+// every 128 dims (DESIGN.md §8). Why: the tensor core multiplies two e4m3 exactly, but inside a chain
+// of wgmma instructions (each accumulating into the D of the one before) it adds each k32 step's
+// products to D by aligning all of them, D included, to the largest exponent and keeping about 13
+// bits below it, truncated toward zero (DeepSeek-V3's "about 14 bits"; FP22, e8m13). Each step thus
+// drops up to ~2^-13 of the largest partial sum of the chain, and the drops add up, biased toward 0:
+// over 576 dims in one chain (18 steps) the top scores of a row lose ~1e-3 of themselves. In the
+// exponent that is an absolute error: at DeepSeek's softmax scale with rows of std 2 (the Python
+// GPU test) the top logits are ~20 and fp8_e4m3's LSE strayed 2.4-4.5e-2 (§8 allows 1e-2; session 9
+// run 8). A fresh chain (scale_d = 0) starts from an exact 0, so one chain per 128-dim tile keeps
+// every drop below 2^-13 of that tile's partial sum (four steps each), and fp32 adds the five
+// partials (tools/accuracy/fp8_accum.py models both: LSE ~2.4-3.5e-2 for one chain, ~5-6e-3 per
+// 128). Every path: tile 0 into acc_s; tiles 1-3 (and fp8_e4m3's e4m3 RoPE, two k32 steps) into
+// t_acc, each added to acc_s once done, while the next chain waits for t_acc (a third accumulator
+// does not fit the scorer's 232 registers beside O). fp8_ds_mla adds each tile times its rows' tile
+// scales and runs the bf16 RoPE last (m64n64k16 into acc_s, Q's RoPE widened exactly: bf16
+// products, fp32 accumulation). `pv_pending`: a P V group was committed before; it is done when
+// `release` runs. fp8_e4m3 returns with no group in flight, fp8_ds_mla with the RoPE group.
 template <typename Elem, KvFormat kFormat, typename Release>
 __device__ __forceinline__ void issue_scores_q8(WsQ8Config::SharedStorage& s, uint32_t q_base, int tq, int tile,
                                                 bool pv_pending, Release&& release, float (&acc_s)[32]) {
   using Cfg = WsConfig;
+  constexpr bool kE4m3 = kFormat == KvFormat::kFP8E4M3;
   const int b = tile & 1;
   const uint64_t q_desc = ptx::sw128_desc(q_base, 16, 1024);
   const uint64_t k_desc = ptx::sw128_desc(ptx::smem_addr(s.k[b]), 16, 1024);
   constexpr uint32_t kBlk = uint32_t(Cfg::kBlockBytes >> 4);
   ptx::mbar_wait(ws_bar(s.full[b]), (tile >> 1) & 1);
   ptx::wgmma_fence();
-  if constexpr (kFormat == KvFormat::kFP8E4M3) {
+  float t_acc[32];
+  // One chain: block blk's k32 steps (4: 128 e4m3 dims; fp8_e4m3's RoPE block: 2, its 64 bytes;
+  // D = 512: Q's and K's RoPE blocks are zero), starting from 0.
+  auto chain = [&](float (&d)[32], int blk) {
+    const int steps = blk < 4 ? 4 : 2;
 #pragma unroll
-    for (int blk = 0; blk < 4; ++blk)
-#pragma unroll
-      for (int a = 0; a < 4; ++a)
-        ptx::wgmma_m64n64k32_e4m3(acc_s, q_desc + blk * kBlk + uint32_t(a * 2), k_desc + blk * kBlk + uint32_t(a * 2),
-                                  (blk == 0 && a == 0) ? 0 : 1);
-#pragma unroll
-    for (int a = 0; a < 2; ++a)  // (D = 512: Q's and K's RoPE blocks are zero)
-      ptx::wgmma_m64n64k32_e4m3(acc_s, q_desc + 4 * kBlk + uint32_t(a * 2), k_desc + 4 * kBlk + uint32_t(a * 2));
+    for (int a = 0; a < steps; ++a)
+      ptx::wgmma_m64n64k32_e4m3(d, q_desc + blk * kBlk + uint32_t(a * 2), k_desc + blk * kBlk + uint32_t(a * 2),
+                                a == 0 ? 0 : 1);
     ptx::wgmma_commit();
-    if (pv_pending) {
-      ptx::wgmma_wait<1>();
-      release();
-    }
-  } else {
-    float t_acc[32];
-    auto tile_product = [&](float (&d)[32], int blk) {
+  };
+  // acc_s (+)= d (fp8_ds_mla: times the tile scales of its columns 8 j + 2 tq + u).
+  auto add = [&](const float (&d)[32], int blk, bool first) {
 #pragma unroll
-      for (int a = 0; a < 4; ++a)
-        ptx::wgmma_m64n64k32_e4m3(d, q_desc + blk * kBlk + uint32_t(a * 2), k_desc + blk * kBlk + uint32_t(a * 2),
-                                  a == 0 ? 0 : 1);
-      ptx::wgmma_commit();
-    };
-    // acc_s (+)= t_acc times the tile scales of its columns 8 j + 2 tq + u.
-    auto add_scaled = [&](const float (&d)[32], int blk, bool first) {
-#pragma unroll
-      for (int i = 0; i < 32; ++i) {
+    for (int i = 0; i < 32; ++i) {
+      if constexpr (kE4m3) {
+        acc_s[i] += d[i];
+      } else {
         const float sc = s.ks[b][8 * (i >> 2) + 2 * tq + (i & 1)][blk];
         acc_s[i] = first ? d[i] * sc : fmaf(d[i], sc, acc_s[i]);
       }
-    };
-    tile_product(acc_s, 0);
-    if (pv_pending) {  // P's registers free before t_acc is needed
-      ptx::wgmma_wait<1>();
-      release();
     }
-    ptx::wgmma_fence();
-    tile_product(t_acc, 1);
+  };
+  constexpr int kLastChain = kE4m3 ? 4 : 3;  // fp8_e4m3's RoPE block is a chain of its own
+  chain(acc_s, 0);
+  if (pv_pending) {  // P's registers free before t_acc is needed
     ptx::wgmma_wait<1>();
-    ptx::fence_operands(acc_s);
-    add_scaled(acc_s, 0, true);
+    release();
+  }
+  ptx::wgmma_fence();
+  chain(t_acc, 1);
+  ptx::wgmma_wait<1>();
+  ptx::fence_operands(acc_s);
+  if constexpr (!kE4m3) add(acc_s, 0, true);
 #pragma unroll
-    for (int blk = 1; blk < 4; ++blk) {
-      ptx::wgmma_wait<0>();
-      ptx::fence_operands(t_acc);
-      add_scaled(t_acc, blk, false);
-      if (blk < 3) {
-        ptx::wgmma_fence();
-        tile_product(t_acc, blk + 1);
-      }
+  for (int blk = 1; blk <= kLastChain; ++blk) {
+    ptx::wgmma_wait<0>();
+    ptx::fence_operands(t_acc);
+    add(t_acc, blk, false);
+    if (blk < kLastChain) {
+      ptx::wgmma_fence();
+      chain(t_acc, blk + 1);
     }
+  }
+  if constexpr (!kE4m3) {
     ptx::wgmma_fence();
 #pragma unroll
     for (int a = 0; a < 4; ++a)  // (D = 512: Q's and K's RoPE blocks are zero)
@@ -294,7 +301,10 @@ __device__ __forceinline__ void score_loop(const KernelParams& p, WsSmem<kQ8>& s
     bar_arrive(bar_p(b), kConsumerThreads);  // P and f of this tile ready
     if (kQ8 && tile + 1 < n) {
       if constexpr (kQ8) {
-        // The next tile's S behind this P V (the stage is not the V buffer: no landed test).
+        // The next tile's S behind this P V (the stage is not the V buffer: no landed test); its
+        // row ids load under the products (fp8_e4m3's S returns with no group in flight).
+        int ids[2];
+        tile_ids(w, fr.lane, tile + 1, ids);
         issue_scores_q8<Elem, kFormat>(
             s, q_base, fr.tq, tile + 1, true,
             [&] {
@@ -302,8 +312,6 @@ __device__ __forceinline__ void score_loop(const KernelParams& p, WsSmem<kQ8>& s
               ptx::mbar_arrive(ws_bar(s.vempty));
             },
             acc_s);
-        int ids[2];
-        tile_ids(w, fr.lane, tile + 1, ids);
         bits = valid_bits(p, fr.tq, ids);
         ptx::wgmma_wait<0>();
         ptx::fence_operands(acc_s);
