@@ -72,8 +72,8 @@ inline constexpr CudaVariant kCudaVariants[] = {
      supports_sm90_ws, split_workspace_bytes},
     {"h64.ws.q8", ScorePrecision::kFP8,
      "h64.ws with S = q·k on the fp8 tensor cores from the raw e4m3 rows (5-11% faster than widening q); "
-     "exact products summed with fewer bits than fp32: fp8_ds_mla (promoted per 128 dims) LSE within ~1e-2 of the "
-     "reference (DESIGN.md §8's fp8-product bar), not 1e-3; fp8_e4m3 (one accumulator) up to ~4.5e-2 on some data",
+     "exact products summed with fewer bits than fp32 and promoted to fp32 every 128 dims: LSE within ~1e-2 of the "
+     "reference (DESIGN.md §8's fp8-product bar), not 1e-3",
      supports_sm90_ws_q8, split_workspace_bytes},
 };
 inline std::span<const CudaVariant> cuda_variants() { return kCudaVariants; }
