@@ -8,14 +8,14 @@ kept with `--acc-bits` mantissa bits (e8m13 by default: DeepSeek-V3's "about 14 
 wgmma instructions feeds that accumulator back in, so its error grows with the largest partial sum of the chain;
 adding fresh chains in fp32 bounds it. The script runs the data of the Python GPU test
 (tests/python/test_binding_torch_gpu.py, test_fp8_scores_plan_run_matches_cpu_reference) and of the C++ GPU cases
-(tests/gpu/test_sparse_mla_quant.cpp) through three schemes and prints §8's figures (out rel L2, LSE max abs, mean
+(tests/gpu/test_sparse_mla_quant.cpp; cpp-big: its *_big_scores cases, T = 65537 cut to 3000) through three schemes and prints §8's figures (out rel L2, LSE max abs, mean
 signed LSE error) against the float64 reference on the same e4m3 values:
 
     chain   fp8_e4m3 before session 10: one chain over all 576 dims (18 k32 steps)
     p128    one chain per 128 dims (4 steps) and one for the 64-dim RoPE (2 steps), added in fp32
     dsmla   fp8_ds_mla's path: a chain per 128-dim tile times its scale, the RoPE in bf16 (exact here)
 
-    python3 tools/accuracy/fp8_accum.py [--data python|cpp] [--align-bits 13] [--acc-bits 13] [--group 32]
+    python3 tools/accuracy/fp8_accum.py [--data python|cpp|cpp-big] [--align-bits 13] [--acc-bits 13] [--group 32]
 
 It is a model, calibrated against the one measurement it must reproduce (the single chain's LSE errors on the Python
 test's data, session 9 run 8); the GPU tests are the verdict.
@@ -132,11 +132,21 @@ def encode(fmt, lat, rope, k_scale):
 
 
 def run_case(fmt, data, T, H, K, N, args, rng):
-    k_scale = (0.3 if fmt == "fp8_e4m3" else 1.0) if data == "python" else (0.5 if fmt == "fp8_e4m3" else 1.0)
-    q, q_scale, lat, rope, idx, valid = (make_python_data if data == "python" else make_cpp_data)(fmt, T, H, K, N, rng)
+    softmax_scale = args.softmax_scale
+    if data == "python":
+        k_scale = 0.3 if fmt == "fp8_e4m3" else 1.0
+        q, q_scale, lat, rope, idx, valid = make_python_data(fmt, T, H, K, N, rng)
+    elif data == "cpp":
+        k_scale = 0.5 if fmt == "fp8_e4m3" else 1.0
+        q, q_scale, lat, rope, idx, valid = make_cpp_data(fmt, T, H, K, N, rng)
+    else:  # cpp-big: the *_big_scores cases (fp8_e4m3 rows N(0, 4) at k_scale 2; fp8_ds_mla twice the softmax scale)
+        k_scale = 2.0 if fmt == "fp8_e4m3" else 1.0
+        q, q_scale, lat, rope, idx, valid = make_cpp_data(fmt, T, H, K, N, rng, k_scale=k_scale)
+        if fmt != "fp8_e4m3":
+            softmax_scale *= 2
     codes, tsc = encode(fmt, lat, rope, k_scale)
     vals = codes[:, :512] * (np.repeat(tsc, 128, axis=1) if tsc is not None else k_scale)
-    mul = args.softmax_scale * q_scale * (k_scale if fmt == "fp8_e4m3" else 1.0)
+    mul = softmax_scale * q_scale * (k_scale if fmt == "fp8_e4m3" else 1.0)
     schemes = args.schemes.split(",") if fmt == "fp8_e4m3" else ["dsmla"]
     res = {s: {"lse_err": [], "num": 0.0, "den": 0.0} for s in schemes}
     for t in range(T):
@@ -167,7 +177,7 @@ def run_case(fmt, data, T, H, K, N, args, rng):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--data", default="python", choices=["python", "cpp"])
+    ap.add_argument("--data", default="python", choices=["python", "cpp", "cpp-big"])
     ap.add_argument("--align-bits", type=int, default=13, help="bits kept below the step's largest exponent")
     ap.add_argument("--acc-bits", type=int, default=13, help="mantissa bits of the accumulator between steps")
     ap.add_argument("--group", type=int, default=32, help="products per hardware step (k32 wgmma: 32)")
@@ -179,8 +189,9 @@ def main():
     rng = np.random.default_rng(args.seed)
     print(f"data {args.data}: align {args.align_bits} bits, accumulator {args.acc_bits} bits, {args.group} products "
           f"per step")
-    shapes = [(8, 64, 512, 3000), (3, 128, 2048, 5000), (130, 16, 200, 1000)] if args.data == "python" else \
-        [(2, 64, 300, 4096), (5, 16, 2048, 16384), (3, 128, 2048, 16384)]
+    shapes = {"python": [(8, 64, 512, 3000), (3, 128, 2048, 5000), (130, 16, 200, 1000)],
+              "cpp": [(2, 64, 300, 4096), (5, 16, 2048, 16384), (3, 128, 2048, 16384)],
+              "cpp-big": [(8, 64, 512, 4096), (3, 128, 2048, 16384), (130, 16, 200, 4096), (3000, 2, 16, 65536)]}[args.data]
     for fmt in args.formats.split(","):
         for T, H, K, N in shapes:
             run_case(fmt, args.data, T, H, K, N, args, rng)
