@@ -27,9 +27,12 @@ typedef enum smla_kv_format {
 typedef enum smla_dtype { SMLA_BF16 = 0, SMLA_FP16 = 1, SMLA_FP32 = 2, SMLA_E4M3 = 3 } smla_dtype;
 typedef enum smla_lse_mode { SMLA_LSE_OFF = 0, SMLA_LSE_BASE_E = 1, SMLA_LSE_BASE_2 = 2 } smla_lse_mode;
 typedef enum smla_backend { SMLA_BACKEND_CPU = 0, SMLA_BACKEND_CUDA = 1 } smla_backend;
-/* How q·k is multiplied: bf16 (default; LSE within 1e-3) or, for an e4m3 q with an fp8 cache, on the
- * fp8 tensor cores (faster; LSE within ~1e-2). */
-typedef enum smla_score_precision { SMLA_SCORE_BF16 = 0, SMLA_SCORE_FP8 = 1 } smla_score_precision;
+/* How q·k is multiplied: bf16 (LSE within 1e-3) or, for an e4m3 q with an fp8 cache, on the fp8 tensor
+ * cores (faster; LSE within ~1e-2). SMLA_SCORE_AUTO (the default) picks fp8 for an e4m3 q with an fp8
+ * cache and bf16 otherwise. */
+typedef enum smla_score_precision {
+  SMLA_SCORE_BF16 = 0, SMLA_SCORE_FP8 = 1, SMLA_SCORE_AUTO = 2
+} smla_score_precision;
 
 typedef struct smla_plan smla_plan; /* opaque, immutable, thread-safe */
 
@@ -47,7 +50,7 @@ typedef struct smla_plan_config {
   int64_t max_rows;
   const int64_t* graph_sizes; /* nullable, num_graph_sizes entries */
   int32_t num_graph_sizes;
-  int32_t score_precision; /* smla_score_precision (smla_plan_config_init: SMLA_SCORE_BF16) */
+  int32_t score_precision; /* smla_score_precision (smla_plan_config_init: SMLA_SCORE_AUTO) */
 } smla_plan_config;
 
 typedef struct smla_run_args {

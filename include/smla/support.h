@@ -23,11 +23,16 @@ struct Geometry {
   int topk = 2048;          // capacity K
   LseMode lse_mode = LseMode::kBaseE;
   bool sink = false;
-  ScorePrecision score_precision = ScorePrecision::kBF16;  // kFP8: an e4m3 q with an fp8 cache
+  ScorePrecision score_precision = ScorePrecision::kAuto;  // kFP8: an e4m3 q with an fp8 cache; kAuto: fp8 there
 };
 
 // The geometry of one call (LSE off when p.lse is null).
 Geometry geometry_of(const SparseMlaParams& p);
+
+// The score path g asks for: kAuto is kFP8 when q is e4m3 and the format is fp8_e4m3 or fp8_ds_mla,
+// else kBF16; an explicit kBF16 / kFP8 is returned as it is (support_common refuses kFP8 where it
+// cannot run, with its reason).
+ScorePrecision resolve_score_precision(const Geometry& g);
 
 struct DeviceInfo {
   int ordinal = -1;
@@ -81,8 +86,9 @@ inline std::span<const CudaVariant> cuda_variants() { return kCudaVariants; }
 // The variant that runs g on dev: the first that supports it; nullptr when none does
 // (support_cuda says why).
 const CudaVariant* cuda_variant_for(const Geometry& g, const DeviceInfo& dev);
+// The variant is chosen by g's resolved score precision (resolve_score_precision).
 // The CUDA backend on `dev`, given whether this build contains the CUDA kernels: OK when a
-// variant runs g, else the reason of the variant of g's score precision.
+// variant runs g, else the reason of the variant of g's resolved score precision.
 Support support_cuda(const Geometry& g, const DeviceInfo& dev, bool built_with_cuda);
 // An SM90 device with nothing else known (what `smla info` asks about without a GPU).
 DeviceInfo any_sm90_device();

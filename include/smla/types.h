@@ -20,8 +20,10 @@ enum class LseMode : uint8_t { kOff, kBaseE, kBase2 };
 
 // How the scores S = q·k are multiplied (a plan option, DESIGN.md §6): kBF16 widens every operand
 // to bf16 (products exact, fp32 sums); kFP8 multiplies an e4m3 q with fp8 rows on the fp8 tensor
-// cores (faster; products exact, but summed with fewer bits: DESIGN.md §8's fp8-product bar).
-enum class ScorePrecision : uint8_t { kBF16, kFP8 };
+// cores (faster; products exact, but summed with fewer bits: DESIGN.md §8's fp8-product bar);
+// kAuto (the default) is kFP8 for an e4m3 q with an fp8 cache, kBF16 otherwise
+// (resolve_score_precision in smla/support.h).
+enum class ScorePrecision : uint8_t { kBF16, kFP8, kAuto };
 
 inline constexpr int kLatentDim = 512;  // NoPE / V width
 inline constexpr int kRopeDim = 64;     // RoPE width when present
@@ -51,13 +53,13 @@ class Error : public std::runtime_error {
 std::string_view to_string(DType t);
 std::string_view to_string(KvFormat f);
 std::string_view to_string(LseMode m);
-std::string_view to_string(ScorePrecision s);  // "bf16" | "fp8"
+std::string_view to_string(ScorePrecision s);  // "bf16" | "fp8" | "auto"
 int dtype_bytes(DType t);
 
 // Parse the names used on the CLI, in safetensors metadata and in Python
 // ("bf16", "fp16", "fp8_e4m3", "fp8_ds_mla", "nvfp4_ds_mla"). Throws Error on unknown names.
 KvFormat parse_kv_format(std::string_view name);
 DType parse_dtype(std::string_view name);  // "bf16", "fp16", "f32", "e4m3", "u8", "i32"
-ScorePrecision parse_score_precision(std::string_view name);  // "bf16", "fp8"
+ScorePrecision parse_score_precision(std::string_view name);  // "auto", "bf16", "fp8"
 
 }  // namespace smla

@@ -132,7 +132,7 @@ def current_stream(device=None):
 
 def sparse_mla(q, kv, idx, *, format, softmax_scale, counts=None, sink=None, q_scale=1.0, k_scale=1.0,
                rope_dim=64, lse_base="e", return_lse=True, out=None, lse=None, stream=None, q_dtype=None,
-               out_dtype=None, workspace=None, score_precision="bf16"):
+               out_dtype=None, workspace=None, score_precision="auto"):
     """Sparse MLA attention (DESIGN.md §1) in one call; returns ``(out, lse)``.
 
     q: [T, H, 512 + rope_dim] bf16/fp16 (e4m3 for the fp8_e4m3 and fp8_ds_mla caches), or the pair
@@ -149,8 +149,9 @@ def sparse_mla(q, kv, idx, *, format, softmax_scale, counts=None, sink=None, q_s
         unless q_dtype="fp16").
     stream: cudaStream_t int / torch.cuda.Stream / None (see the module docs).
     workspace: optional device byte buffer for split-K partials; allocated per call when needed.
-    score_precision: "bf16" (default) or "fp8": S = q·k on the fp8 tensor cores, for an e4m3 q
-        with an fp8 cache only (LSE within ~1e-2 of the reference instead of 1e-3; docs/python.md).
+    score_precision: "auto" (default), "bf16" or "fp8". "fp8": S = q·k on the fp8 tensor cores, for an
+        e4m3 q with an fp8 cache only (LSE within ~1e-2 of the reference instead of 1e-3; docs/python.md);
+        "auto" is "fp8" for an e4m3 q with an fp8 cache and "bf16" otherwise; "bf16" widens an e4m3 q exactly.
     """
     q_nope, q_pe = _split_q(q)
     T, H = int(q_nope.shape[0]), int(q_nope.shape[1])
@@ -176,10 +177,12 @@ class Plan:
     """A plan for one geometry (DESIGN.md §4): made once, shared by layers and threads.
 
     Plan(num_heads, topk, *, rope_dim=64, format="bf16", q_dtype="bf16", lse_base="e" (None: no
-    LSE), sink=False, score_precision="bf16", max_rows=1, graph_sizes=(), batch_invariant=False,
+    LSE), sink=False, score_precision="auto", max_rows=1, graph_sizes=(), batch_invariant=False,
     backend="cuda", device=0)
 
-    score_precision="fp8" plans the fp8 score path (an e4m3 q with an fp8 cache; docs/python.md).
+    score_precision="auto" (default) plans the fp8 score path for an e4m3 q with an fp8 cache and bf16
+    otherwise (the plan's score_precision property reports "auto"); "bf16" / "fp8" choose it
+    (docs/python.md).
 
     ``workspace_bytes`` is the scratch every run needs; the caller owns it. :meth:`run` checks
     the call against the plan (a geometry that was not planned raises, also during graph
@@ -187,7 +190,7 @@ class Plan:
     """
 
     def __init__(self, num_heads, topk, *, rope_dim=64, format="bf16", q_dtype="bf16", lse_base="e", sink=False,
-                 score_precision="bf16", max_rows=1, graph_sizes=(), batch_invariant=False, backend="cuda",
+                 score_precision="auto", max_rows=1, graph_sizes=(), batch_invariant=False, backend="cuda",
                  device=0):
         i64 = (-(2**63), 2**63 - 1)
         self._plan = _smla._Plan(
@@ -367,7 +370,7 @@ def local_position(i, world, interleave):
 
 
 def support(num_heads=128, topk=2048, *, rope_dim=64, format="bf16", q_dtype="bf16", lse_base="e", sink=False,
-            score_precision="bf16", backend="cuda", device=0):
+            score_precision="auto", backend="cuda", device=0):
     """"" when `backend` ("cpu" / "cuda") can run this geometry here (on CUDA device `device`);
     otherwise one sentence that says what is unsupported and what to use instead."""
     return _smla._support(_int(num_heads, "num_heads"), _int(topk, "topk"), _int(rope_dim, "rope_dim"), str(format),
@@ -382,9 +385,9 @@ def kernel_name(num_heads=128, topk=2048, *, rope_dim=64, format="bf16", q_dtype
 
 
 def kernel_for(num_heads=128, topk=2048, *, rope_dim=64, format="bf16", q_dtype="bf16", lse_base="e", sink=False,
-               score_precision="bf16", device=None):
+               score_precision="auto", device=None):
     """The CUDA kernel and variant that would run the geometry, "sm90/sparse_mla/<format>_d<D>/<variant>"
-    (e.g. ".../fp8_ds_mla_d576/h64.ws.q8" for score_precision="fp8"); the kernel family alone
+    (e.g. ".../fp8_ds_mla_d576/h64.ws.q8" for an e4m3 q under score_precision="auto" or "fp8"); the kernel family alone
     (:func:`kernel_name`) when no variant runs it. device: a CUDA ordinal, or None for any SM90 GPU."""
     return _smla._kernel_for(_int(num_heads, "num_heads"), _int(topk, "topk"), _int(rope_dim, "rope_dim"),
                              str(format), str(q_dtype), _lse_base(lse_base), bool(sink), str(score_precision),

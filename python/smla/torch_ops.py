@@ -5,7 +5,7 @@ the ``smla`` namespace, each with a fake (meta) implementation so ``torch.compil
 without graph breaks:
 
 - ``torch.ops.smla.sparse_mla(q, q_rope, kv, idx, counts, sink, format, softmax_scale, q_scale,
-  k_scale, rope_dim, lse_base, score_precision="bf16") -> (out, lse)`` — allocates out [T, H, 512] (q's 16-bit dtype,
+  k_scale, rope_dim, lse_base, score_precision="auto") -> (out, lse)`` — allocates out [T, H, 512] (q's 16-bit dtype,
   bf16 for an e4m3 q) and lse [T, H] float32.
 - ``torch.ops.smla.sparse_mla_out(...)`` — the same into caller-owned ``out`` / ``lse``
   (mutated in place; lse may be None).
@@ -43,7 +43,7 @@ def _out_dtype(q):
 def sparse_mla(q: torch.Tensor, q_rope: Optional[torch.Tensor], kv: torch.Tensor, idx: torch.Tensor,
                counts: Optional[torch.Tensor], sink: Optional[torch.Tensor], format: str, softmax_scale: float,
                q_scale: float = 1.0, k_scale: float = 1.0, rope_dim: int = 64,
-               lse_base: str = "e", score_precision: str = "bf16") -> Tuple[torch.Tensor, torch.Tensor]:
+               lse_base: str = "e", score_precision: str = "auto") -> Tuple[torch.Tensor, torch.Tensor]:
     T, H = q.shape[0], q.shape[1]
     out = torch.empty((T, H, smla.LATENT_DIM), dtype=_out_dtype(q), device=q.device)
     lse = torch.empty((T, H), dtype=torch.float32, device=q.device)
@@ -56,7 +56,7 @@ def sparse_mla(q: torch.Tensor, q_rope: Optional[torch.Tensor], kv: torch.Tensor
 
 @sparse_mla.register_fake
 def _sparse_mla_fake(q, q_rope, kv, idx, counts, sink, format, softmax_scale, q_scale=1.0, k_scale=1.0,
-                     rope_dim=64, lse_base="e", score_precision="bf16"):
+                     rope_dim=64, lse_base="e", score_precision="auto"):
     T, H = q.shape[0], q.shape[1]
     return (q.new_empty((T, H, smla.LATENT_DIM), dtype=_out_dtype(q)), q.new_empty((T, H), dtype=torch.float32))
 
@@ -66,7 +66,7 @@ def sparse_mla_out(q: torch.Tensor, q_rope: Optional[torch.Tensor], kv: torch.Te
                    counts: Optional[torch.Tensor], sink: Optional[torch.Tensor], out: torch.Tensor,
                    lse: Optional[torch.Tensor], format: str, softmax_scale: float, q_scale: float = 1.0,
                    k_scale: float = 1.0, rope_dim: int = 64, lse_base: str = "e",
-                   score_precision: str = "bf16") -> None:
+                   score_precision: str = "auto") -> None:
     qq = q if q_rope is None else (q, q_rope)
     smla.sparse_mla(qq, kv, idx, format=format, softmax_scale=softmax_scale, counts=counts, sink=sink,
                     q_scale=q_scale, k_scale=k_scale, rope_dim=rope_dim, lse_base=lse_base, out=out, lse=lse,
@@ -75,7 +75,7 @@ def sparse_mla_out(q: torch.Tensor, q_rope: Optional[torch.Tensor], kv: torch.Te
 
 @sparse_mla_out.register_fake
 def _sparse_mla_out_fake(q, q_rope, kv, idx, counts, sink, out, lse, format, softmax_scale, q_scale=1.0,
-                         k_scale=1.0, rope_dim=64, lse_base="e", score_precision="bf16"):
+                         k_scale=1.0, rope_dim=64, lse_base="e", score_precision="auto"):
     return None
 
 

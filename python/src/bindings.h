@@ -44,7 +44,7 @@ class DeviceGuard {
 // "e" / "2"; None: LSE off.
 LseMode parse_lse_base(const OptStr& base);
 std::optional<DType> parse_hint(const OptStr& name);
-// "bf16" / "fp8" (the score_precision keyword).
+// "auto" / "bf16" / "fp8" (the score_precision keyword).
 ScorePrecision parse_score(const std::string& name);
 
 void def_attention(nb::module_& m);

@@ -65,7 +65,9 @@ LseMode parse_lse_base(const OptStr& base) {
 ScorePrecision parse_score(const std::string& name) {
   if (name == "bf16") return ScorePrecision::kBF16;
   if (name == "fp8") return ScorePrecision::kFP8;
-  fail("score_precision must be \"bf16\" or \"fp8\" (fp8: an e4m3 q with an fp8 cache); got \"" + name + "\"");
+  if (name == "auto") return ScorePrecision::kAuto;
+  fail("score_precision must be \"auto\", \"bf16\" or \"fp8\" (fp8: an e4m3 q with an fp8 cache); got \"" + name +
+       "\"");
 }
 
 std::optional<DType> parse_hint(const OptStr& name) {

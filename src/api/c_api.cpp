@@ -72,6 +72,7 @@ void smla_plan_config_init(smla_plan_config* cfg) {
   std::memset(cfg, 0, sizeof(*cfg));
   cfg->num_heads = 128, cfg->rope_dim = 64, cfg->kv_format = SMLA_KV_BF16, cfg->q_dtype = SMLA_BF16;
   cfg->topk = 2048, cfg->lse_mode = SMLA_LSE_BASE_E, cfg->backend = SMLA_BACKEND_CUDA, cfg->max_rows = 1;
+  cfg->score_precision = SMLA_SCORE_AUTO;
 }
 
 void smla_run_args_init(smla_run_args* a) {
@@ -92,10 +93,13 @@ smla_status smla_plan_create(const smla_plan_config* cfg, smla_plan** out_plan) 
     pc.geometry.topk = cfg->topk;
     pc.geometry.lse_mode = to_lse(cfg->lse_mode);
     pc.geometry.sink = cfg->sink != 0;
-    SMLA_CHECK(cfg->score_precision == SMLA_SCORE_BF16 || cfg->score_precision == SMLA_SCORE_FP8,
-               "score_precision must be SMLA_SCORE_BF16 or SMLA_SCORE_FP8; got " + std::to_string(cfg->score_precision));
-    pc.geometry.score_precision =
-        cfg->score_precision == SMLA_SCORE_FP8 ? smla::ScorePrecision::kFP8 : smla::ScorePrecision::kBF16;
+    SMLA_CHECK(cfg->score_precision == SMLA_SCORE_BF16 || cfg->score_precision == SMLA_SCORE_FP8 ||
+                   cfg->score_precision == SMLA_SCORE_AUTO,
+               "score_precision must be SMLA_SCORE_AUTO, SMLA_SCORE_BF16 or SMLA_SCORE_FP8; got " +
+                   std::to_string(cfg->score_precision));
+    pc.geometry.score_precision = cfg->score_precision == SMLA_SCORE_FP8    ? smla::ScorePrecision::kFP8
+                                  : cfg->score_precision == SMLA_SCORE_BF16 ? smla::ScorePrecision::kBF16
+                                                                            : smla::ScorePrecision::kAuto;
     pc.batch_invariant = cfg->batch_invariant != 0;
     SMLA_CHECK(cfg->backend == SMLA_BACKEND_CPU || cfg->backend == SMLA_BACKEND_CUDA,
                "backend must be SMLA_BACKEND_CPU or SMLA_BACKEND_CUDA");

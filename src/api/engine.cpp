@@ -72,9 +72,12 @@ void Plan::check(const SparseMlaParams& p, size_t workspace_bytes) const {
                                        std::string(to_string(g.format)));
   SMLA_CHECK(p.q_dtype == g.q_dtype, "q dtype " + std::string(to_string(p.q_dtype)) + " but the plan was made for " +
                                          std::string(to_string(g.q_dtype)));
-  SMLA_CHECK(p.score_precision == g.score_precision,
-             "score precision " + std::string(to_string(p.score_precision)) + " but the plan was made for " +
-                 std::string(to_string(g.score_precision)));
+  // Compared resolved (auto is fp8 for an e4m3 q with an fp8 cache, bf16 otherwise): the path that runs.
+  const ScorePrecision p_sp = resolve_score_precision(geometry_of(p)), g_sp = resolve_score_precision(g);
+  SMLA_CHECK(p_sp == g_sp, "score precision " + std::string(to_string(p.score_precision)) + " (" +
+                               std::string(to_string(p_sp)) + " scores) but the plan was made for " +
+                               std::string(to_string(g.score_precision)) + " (" + std::string(to_string(g_sp)) +
+                               " scores); pass the plan's score precision");
   SMLA_CHECK(p.topk <= g.topk, "K = " + s(p.topk) + " exceeds the planned capacity " + s(g.topk));
   // An empty call may pass null for its empty tensors; only non-empty calls must match pointers.
   const bool lse_on = p.lse != nullptr && p.lse_mode != LseMode::kOff;

@@ -30,6 +30,12 @@ Support support_common(const Geometry& g) {
 
 Support support_cpu(const Geometry& g) { return support_common(g); }
 
+ScorePrecision resolve_score_precision(const Geometry& g) {
+  if (g.score_precision != ScorePrecision::kAuto) return g.score_precision;
+  const bool fp8_cache = g.format == KvFormat::kFP8E4M3 || g.format == KvFormat::kFP8DsMla;
+  return g.q_dtype == DType::kE4M3 && fp8_cache ? ScorePrecision::kFP8 : ScorePrecision::kBF16;
+}
+
 Geometry geometry_of(const SparseMlaParams& p) {
   Geometry g;
   g.num_heads = p.num_heads;
@@ -71,13 +77,13 @@ Support sm90_common(const Geometry& g, const DeviceInfo& dev) {
 
 Support supports_sm90_ws(const Geometry& g, const DeviceInfo& dev) {
   if (auto s = sm90_common(g, dev); !s.ok()) return s;
-  if (g.score_precision != ScorePrecision::kBF16) return {"h64.ws computes the scores in bf16, not fp8"};
+  if (resolve_score_precision(g) != ScorePrecision::kBF16) return {"h64.ws computes the scores in bf16, not fp8"};
   return {};
 }
 
 Support supports_sm90_ws_q8(const Geometry& g, const DeviceInfo& dev) {
   if (auto s = sm90_common(g, dev); !s.ok()) return s;
-  if (g.score_precision != ScorePrecision::kFP8) return {"h64.ws.q8 computes the scores in fp8, not bf16"};
+  if (resolve_score_precision(g) != ScorePrecision::kFP8) return {"h64.ws.q8 computes the scores in fp8, not bf16"};
   // (support_common: score precision fp8 comes with an e4m3 q, and an e4m3 q with an fp8 cache.)
   return {};
 }
@@ -91,9 +97,10 @@ const CudaVariant* cuda_variant_for(const Geometry& g, const DeviceInfo& dev) {
 Support support_cuda(const Geometry& g, const DeviceInfo& dev, bool built_with_cuda) {
   if (!built_with_cuda) return {"this build of smla has no CUDA backend (nvcc was not found); use the CPU backend"};
   if (cuda_variant_for(g, dev) != nullptr) return {};
+  const ScorePrecision sp = resolve_score_precision(g);
   for (const CudaVariant& v : cuda_variants())
-    if (v.score_precision == g.score_precision) return v.supports(g, dev);
-  return {"no CUDA kernel computes the scores in " + std::string(to_string(g.score_precision))};
+    if (v.score_precision == sp) return v.supports(g, dev);
+  return {"no CUDA kernel computes the scores in " + std::string(to_string(sp))};
 }
 
 DeviceInfo any_sm90_device() {

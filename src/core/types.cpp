@@ -34,7 +34,14 @@ std::string_view to_string(LseMode m) {
   return "?";
 }
 
-std::string_view to_string(ScorePrecision s) { return s == ScorePrecision::kFP8 ? "fp8" : "bf16"; }
+std::string_view to_string(ScorePrecision s) {
+  switch (s) {
+    case ScorePrecision::kBF16: return "bf16";
+    case ScorePrecision::kFP8: return "fp8";
+    case ScorePrecision::kAuto: return "auto";
+  }
+  return "?";
+}
 
 int dtype_bytes(DType t) {
   switch (t) {
@@ -71,7 +78,8 @@ DType parse_dtype(std::string_view n) {
 ScorePrecision parse_score_precision(std::string_view n) {
   if (n == "bf16") return ScorePrecision::kBF16;
   if (n == "fp8") return ScorePrecision::kFP8;
-  fail("unknown score precision '" + std::string(n) + "'; use bf16 or fp8");
+  if (n == "auto") return ScorePrecision::kAuto;
+  fail("unknown score precision '" + std::string(n) + "'; use auto, bf16 or fp8");
 }
 
 }  // namespace smla

@@ -32,6 +32,10 @@ int main(void) {
   enum { T = 2, H = 2, D = 576, K = 4, N = 3 };
   smla_plan_config cfg;
   smla_plan_config_init(&cfg);
+  /* The score precision defaults to auto (fp8 for an e4m3 q with an fp8 cache, else bf16); the
+   * enum's earlier values keep their numbers. */
+  EXPECT(cfg.score_precision == SMLA_SCORE_AUTO);
+  EXPECT(SMLA_SCORE_BF16 == 0 && SMLA_SCORE_FP8 == 1 && SMLA_SCORE_AUTO == 2);
   cfg.backend = SMLA_BACKEND_CPU;
   cfg.num_heads = H;
   cfg.topk = K;
@@ -105,6 +109,23 @@ int main(void) {
   odd.score_precision = 7;
   EXPECT(smla_plan_create(&odd, &p2) == SMLA_ERROR_INVALID_ARGUMENT && p2 == NULL);
   EXPECT(strstr(smla_last_error(), "score_precision") != NULL);
+  EXPECT(strstr(smla_last_error(), "SMLA_SCORE_AUTO") != NULL);
+  /* auto and bf16 plan a bf16 q; auto, bf16 and fp8 an e4m3 q with an fp8 cache (the CPU backend
+   * sums in float64 whatever the precision). */
+  {
+    const int32_t precisions[] = {SMLA_SCORE_AUTO, SMLA_SCORE_BF16, SMLA_SCORE_FP8};
+    for (int i = 0; i < 3; ++i) {
+      odd = cfg;
+      odd.score_precision = precisions[i];
+      if (precisions[i] != SMLA_SCORE_FP8) {
+        EXPECT(smla_plan_create(&odd, &p2) == SMLA_OK && p2 != NULL);
+        smla_plan_destroy(p2), p2 = NULL;
+      }
+      odd.q_dtype = SMLA_E4M3, odd.kv_format = SMLA_KV_FP8_DS_MLA;
+      EXPECT(smla_plan_create(&odd, &p2) == SMLA_OK && p2 != NULL);
+      smla_plan_destroy(p2), p2 = NULL;
+    }
+  }
   /* HiSparse tiered cache on the CPU backend: K = 3, R = 4 (slots 0..2, 3 the newest), one request. */
   {
     smla_tiered_config tcfg;

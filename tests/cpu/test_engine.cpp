@@ -75,6 +75,56 @@ TEST(Plan, RefusesWhatWasNotPlanned) {
   }
 }
 
+// The plan and the call must agree on the score path that runs: compared resolved, so auto matches
+// the explicit precision it resolves to, and differing paths are refused with both named.
+TEST(Plan, ScorePrecisionIsComparedResolved) {
+  using SP = ScorePrecision;
+  struct Row {
+    SP plan, call;
+    bool ok;
+  };
+  // An e4m3 q with an fp8_ds_mla cache: auto is fp8.
+  const Row e4m3_rows[] = {{SP::kAuto, SP::kAuto, true},  {SP::kAuto, SP::kFP8, true},  {SP::kFP8, SP::kAuto, true},
+                           {SP::kFP8, SP::kFP8, true},    {SP::kBF16, SP::kBF16, true}, {SP::kAuto, SP::kBF16, false},
+                           {SP::kBF16, SP::kAuto, false}, {SP::kFP8, SP::kBF16, false}, {SP::kBF16, SP::kFP8, false}};
+  // A bf16 q with a bf16 cache: auto is bf16 (fp8 cannot be planned at all).
+  const Row bf16_rows[] = {{SP::kAuto, SP::kAuto, true},
+                           {SP::kAuto, SP::kBF16, true},
+                           {SP::kBF16, SP::kAuto, true},
+                           {SP::kBF16, SP::kBF16, true},
+                           {SP::kAuto, SP::kFP8, false},
+                           {SP::kBF16, SP::kFP8, false}};
+  for (bool e4m3 : {true, false}) {
+    smla::testing::ProblemSpec s;
+    s.num_tokens = 2;
+    if (e4m3) s.format = KvFormat::kFP8DsMla, s.q_dtype = DType::kE4M3, s.q_scale = 0.1f;
+    auto hp = smla::testing::make_problem(s, 5);
+    const auto rows = e4m3 ? std::vector<Row>(std::begin(e4m3_rows), std::end(e4m3_rows))
+                           : std::vector<Row>(std::begin(bf16_rows), std::end(bf16_rows));
+    for (const Row& r : rows) {
+      auto cfg = cpu_config(s, 2);
+      cfg.geometry.score_precision = r.plan;
+      const Plan plan(cfg);
+      SparseMlaParams p = hp.params;
+      p.score_precision = r.call;
+      const std::string what = std::string(e4m3 ? "e4m3 q: plan " : "bf16 q: plan ") +
+                               std::string(to_string(r.plan)) + ", call " + std::string(to_string(r.call));
+      if (r.ok) {
+        EXPECT_NO_THROW(plan.check(p, 0)) << what;
+        continue;
+      }
+      try {
+        plan.check(p, 0);
+        ADD_FAILURE() << what << ": expected a score precision mismatch";
+      } catch (const Error& e) {
+        const std::string m = e.what();
+        EXPECT_NE(m.find("score precision " + std::string(to_string(r.call))), std::string::npos) << what << ": " << m;
+        EXPECT_NE(m.find("plan was made for " + std::string(to_string(r.plan))), std::string::npos) << what << ": " << m;
+      }
+    }
+  }
+}
+
 TEST(Plan, EmptyRunTouchesNothing) {
   smla::testing::ProblemSpec s;
   s.num_tokens = 0;

@@ -132,8 +132,17 @@ TEST(Support, Fp8ScoresNeedAnE4m3QWithAnFp8Cache) {
   const auto h200 = device(9, 0, "NVIDIA H200");
   EXPECT_EQ(smla::parse_score_precision("bf16"), smla::ScorePrecision::kBF16);
   EXPECT_EQ(smla::parse_score_precision("fp8"), smla::ScorePrecision::kFP8);
+  EXPECT_EQ(smla::parse_score_precision("auto"), smla::ScorePrecision::kAuto);
   EXPECT_EQ(smla::to_string(smla::ScorePrecision::kFP8), "fp8");
+  EXPECT_EQ(smla::to_string(smla::ScorePrecision::kBF16), "bf16");
+  EXPECT_EQ(smla::to_string(smla::ScorePrecision::kAuto), "auto");
   EXPECT_THROW(smla::parse_score_precision("fp16"), smla::Error);
+  try {
+    smla::parse_score_precision("f8");
+    ADD_FAILURE() << "expected an error";
+  } catch (const smla::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("use auto, bf16 or fp8"), std::string::npos) << e.what();
+  }
   for (KvFormat f : kFormats) {
     Geometry g = geo(f, f == KvFormat::kFP16 ? DType::kFP16 : DType::kBF16);
     g.score_precision = smla::ScorePrecision::kFP8;
@@ -142,6 +151,12 @@ TEST(Support, Fp8ScoresNeedAnE4m3QWithAnFp8Cache) {
   }
   for (KvFormat f : {KvFormat::kFP8E4M3, KvFormat::kFP8DsMla}) {
     Geometry g = geo(f, DType::kE4M3);
+    // The default (auto) scores an e4m3 q on the fp8 tensor cores; bf16 scores widen it.
+    EXPECT_EQ(g.score_precision, smla::ScorePrecision::kAuto);
+    EXPECT_TRUE(smla::support_cuda(g, h200, true).ok());
+    ASSERT_NE(smla::cuda_variant_for(g, h200), nullptr);
+    EXPECT_STREQ(smla::cuda_variant_for(g, h200)->name, "h64.ws.q8");
+    g.score_precision = smla::ScorePrecision::kBF16;
     EXPECT_TRUE(smla::support_cuda(g, h200, true).ok());
     ASSERT_NE(smla::cuda_variant_for(g, h200), nullptr);
     EXPECT_STREQ(smla::cuda_variant_for(g, h200)->name, "h64.ws");
@@ -161,6 +176,41 @@ TEST(Support, Fp8ScoresNeedAnE4m3QWithAnFp8Cache) {
     EXPECT_EQ(v.workspace(4, 128, 1), 0u) << v.name;
     EXPECT_EQ(v.workspace(4, 128, 8), smla::split_workspace_bytes(4, 128, 8)) << v.name;
   }
+}
+
+// resolve_score_precision: every format x q dtype x {auto, bf16, fp8}. An explicit choice stays as
+// it is (support_common refuses fp8 where it cannot run); auto is fp8 exactly for an e4m3 q with an
+// fp8_e4m3 / fp8_ds_mla cache (the two pairs listed by hand below).
+TEST(Support, ResolveScorePrecision) {
+  using SP = smla::ScorePrecision;
+  const auto h200 = device(9, 0, "NVIDIA H200");
+  for (KvFormat f : kFormats)
+    for (DType q : {DType::kBF16, DType::kFP16, DType::kE4M3}) {
+      const bool fp8_pair = (f == KvFormat::kFP8E4M3 || f == KvFormat::kFP8DsMla) && q == DType::kE4M3;
+      const std::string what = std::string(smla::to_string(f)) + " / " + std::string(smla::to_string(q));
+      Geometry g = geo(f, q);
+      g.score_precision = SP::kBF16;
+      EXPECT_EQ(smla::resolve_score_precision(g), SP::kBF16) << what;
+      g.score_precision = SP::kFP8;
+      EXPECT_EQ(smla::resolve_score_precision(g), SP::kFP8) << what;
+      g.score_precision = SP::kAuto;
+      EXPECT_EQ(smla::resolve_score_precision(g), fp8_pair ? SP::kFP8 : SP::kBF16) << what;
+      // auto never adds a refusal of its own: it is supported exactly where bf16 scores are (with
+      // the same reason), except for the fp8 pairs, where it is the fp8 path.
+      Geometry b = g;
+      b.score_precision = fp8_pair ? SP::kFP8 : SP::kBF16;
+      EXPECT_EQ(smla::support_common(g).reason, smla::support_common(b).reason) << what;
+      EXPECT_EQ(smla::support_cuda(g, h200, true).reason, smla::support_cuda(b, h200, true).reason) << what;
+      const smla::CudaVariant* va = smla::cuda_variant_for(g, h200);
+      const smla::CudaVariant* vb = smla::cuda_variant_for(b, h200);
+      EXPECT_EQ(va, vb) << what;
+      if (va != nullptr) EXPECT_STREQ(va->name, fp8_pair ? "h64.ws.q8" : "h64.ws") << what;
+    }
+  // the pairs the table lists as runnable on an SM90 GPU under auto (by hand)
+  EXPECT_NE(smla::cuda_variant_for(geo(KvFormat::kFP8DsMla, DType::kE4M3), h200), nullptr);
+  EXPECT_NE(smla::cuda_variant_for(geo(KvFormat::kFP8E4M3, DType::kE4M3), h200), nullptr);
+  EXPECT_NE(smla::cuda_variant_for(geo(KvFormat::kFP8DsMla, DType::kBF16), h200), nullptr);
+  EXPECT_EQ(smla::cuda_variant_for(geo(KvFormat::kNvFP4DsMla, DType::kE4M3), h200), nullptr);
 }
 
 // ---- plan.h ---------------------------------------------------------------------------------------

@@ -167,7 +167,8 @@ void reference(const smla::testing::HostProblem& hp, std::vector<double>& ref_ou
   for (auto& th : pool) th.join();
 }
 
-// Runs spec with the given score precision (the variant table picks h64.ws or h64.ws.q8) against
+// Runs spec with the given score precision (the variant table picks h64.ws or h64.ws.q8 by the
+// resolved precision; auto must pick h64.ws.q8 for an e4m3 q and h64.ws otherwise) against
 // the float64 reference on the dequantized rows (and the same e4m3 q). bf16 scores: DESIGN.md §8's
 // bar for quantized caches (rel L2 <= 1e-2, LSE abs <= 1e-3). fp8 scores (products on the fp8
 // tensor cores, summed with fewer bits than fp32): §8's fp8-product bar, rel L2 <= 5e-3, LSE abs
@@ -180,13 +181,18 @@ void run_checked(const ProblemSpec& spec, const std::string& what, smla::ScorePr
   const auto& p = hp.params;
   const smla::CudaVariant* variant = smla::cuda_variant_for(smla::geometry_of(p), smla::any_sm90_device());
   ASSERT_NE(variant, nullptr) << "no variant supports this case";
-  EXPECT_EQ(variant->score_precision, score) << variant->name;
+  const smla::ScorePrecision resolved = smla::resolve_score_precision(smla::geometry_of(p));
+  if (score == smla::ScorePrecision::kAuto)  // the default: fp8 scores for an e4m3 q (fp8 caches only take one)
+    EXPECT_STREQ(variant->name, p.q_dtype == DType::kE4M3 ? "h64.ws.q8" : "h64.ws");
+  else
+    EXPECT_EQ(resolved, score);
+  EXPECT_EQ(variant->score_precision, resolved) << variant->name;
   std::vector<double> ref_out, ref_lse;
   reference(hp, ref_out, ref_lse);
   smla::cuda::sparse_mla_from_host(hp.params, hp.kv_bytes());
   const auto d = smla::testing::compare(hp, ref_out, ref_lse);
   EXPECT_EQ(d.nonfinite, 0);
-  if (score == smla::ScorePrecision::kFP8) {
+  if (resolved == smla::ScorePrecision::kFP8) {
     double sum = 0;
     int64_t rows = 0;
     if (p.lse != nullptr)
@@ -397,6 +403,24 @@ std::vector<Case> cases() {
     Case c = v[i];
     c.name.replace(c.name.find("qe4m3_"), 6, "qe4m3_fp8s_");
     c.score = smla::ScorePrecision::kFP8;
+    v.push_back(c);
+  }
+  // The default (auto) with an e4m3 q: the fp8 score path (h64.ws.q8) under the fp8-product bar.
+  // (Every case above names its score precision; these leave it at the default.)
+  for (size_t i = first_e4m3_q, n = v.size(); i < n; ++i) {
+    const std::string& nm = v[i].name;
+    if (nm.find("_T3_H128_K2048") == std::string::npos && nm.find("_qpair_sink") == std::string::npos &&
+        nm.find("_strides_odd") == std::string::npos && nm.find("_D512_lse_off") == std::string::npos)
+      continue;
+    if (nm.find("qe4m3_fp8s_") != std::string::npos) continue;
+    Case c = v[i];
+    c.name.replace(c.name.find("qe4m3_"), 6, "qe4m3_auto_");
+    c.score = smla::ScorePrecision::kAuto;
+    v.push_back(c);
+  }
+  // ... and with a bf16 q over each quantized cache: the bf16 path (h64.ws) under the 1e-3 bar.
+  for (KvFormat f : {KvFormat::kFP8E4M3, KvFormat::kFP8DsMla, KvFormat::kNvFP4DsMla}) {
+    Case c{std::string(short_name(f)) + "_auto_T4_H64_K500", base(f, 4, 64, 500), smla::ScorePrecision::kAuto};
     v.push_back(c);
   }
   return v;

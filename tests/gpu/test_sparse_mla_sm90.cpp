@@ -328,9 +328,9 @@ TEST(SparseMlaSm90Edge, BadArgumentsRefused) {
 
 // Host-only (no device needed): which variant of the table (smla/support.h) runs each geometry on
 // an SM90 GPU: every format and H on the warp-specialized kernel (docs/perf-history.md v6/v7), the
-// fp8 tensor-core score path only when asked for, and only for an e4m3 q with an fp8 cache.
+// fp8 tensor-core score path only for an e4m3 q with an fp8 cache (by default: score precision auto).
 TEST(SparseMlaSm90Routing, Variants) {
-  auto variant = [](KvFormat f, int H, DType q, smla::ScorePrecision score = smla::ScorePrecision::kBF16) {
+  auto variant = [](KvFormat f, int H, DType q, smla::ScorePrecision score = smla::ScorePrecision::kAuto) {
     smla::Geometry g;
     g.format = f, g.num_heads = H, g.q_dtype = q, g.score_precision = score;
     const smla::CudaVariant* v = smla::cuda_variant_for(g, smla::any_sm90_device());
@@ -342,14 +342,20 @@ TEST(SparseMlaSm90Routing, Variants) {
     EXPECT_EQ(variant(KvFormat::kFP8E4M3, H, DType::kBF16), "h64.ws") << H;
     EXPECT_EQ(variant(KvFormat::kFP8DsMla, H, DType::kBF16), "h64.ws") << H;
     EXPECT_EQ(variant(KvFormat::kNvFP4DsMla, H, DType::kBF16), "h64.ws") << H;
+    // A 16-bit q: auto and an explicit bf16 are the same path.
+    EXPECT_EQ(variant(KvFormat::kFP8DsMla, H, DType::kBF16, smla::ScorePrecision::kBF16), "h64.ws") << H;
+    EXPECT_EQ(variant(KvFormat::kFP16, H, DType::kFP16, smla::ScorePrecision::kBF16), "h64.ws") << H;
   }
-  const auto fp8 = smla::ScorePrecision::kFP8;
+  const auto fp8 = smla::ScorePrecision::kFP8, bf16 = smla::ScorePrecision::kBF16;
   for (int H : {1, 16, 64, 128}) {
-    // An e4m3 q: widened to bf16 exactly by default, scored on the fp8 tensor cores on request.
-    EXPECT_EQ(variant(KvFormat::kFP8E4M3, H, DType::kE4M3), "h64.ws") << H;
-    EXPECT_EQ(variant(KvFormat::kFP8DsMla, H, DType::kE4M3), "h64.ws") << H;
+    // An e4m3 q: scored on the fp8 tensor cores by default (auto) or on request, widened to bf16
+    // exactly when bf16 scores are asked for.
+    EXPECT_EQ(variant(KvFormat::kFP8E4M3, H, DType::kE4M3), "h64.ws.q8") << H;
+    EXPECT_EQ(variant(KvFormat::kFP8DsMla, H, DType::kE4M3), "h64.ws.q8") << H;
     EXPECT_EQ(variant(KvFormat::kFP8E4M3, H, DType::kE4M3, fp8), "h64.ws.q8") << H;
     EXPECT_EQ(variant(KvFormat::kFP8DsMla, H, DType::kE4M3, fp8), "h64.ws.q8") << H;
+    EXPECT_EQ(variant(KvFormat::kFP8E4M3, H, DType::kE4M3, bf16), "h64.ws") << H;
+    EXPECT_EQ(variant(KvFormat::kFP8DsMla, H, DType::kE4M3, bf16), "h64.ws") << H;
     // fp8 scores need an e4m3 q (and an e4m3 q an fp8 cache).
     EXPECT_EQ(variant(KvFormat::kFP8DsMla, H, DType::kBF16, fp8), "none") << H;
     EXPECT_EQ(variant(KvFormat::kBF16, H, DType::kBF16, fp8), "none") << H;

@@ -67,6 +67,25 @@ def test_info_names_the_fp8_score_variant_and_its_accuracy():
     assert "1e-2" in out
     if "CUDA backend: built" in out:
         assert "  kernel on an SM90 GPU: sm90/sparse_mla/fp8_ds_mla_d576/h64.ws.q8" in out.splitlines()
+    assert "scores=fp8 (auto)" not in out  # an explicit choice is not labelled auto
+    # The default (auto) with an e4m3 q and an fp8 cache: fp8 scores, h64.ws.q8.
+    for fmt in ["fp8_ds_mla", "fp8_e4m3"]:
+        for extra in [(), ("--score", "auto")]:
+            out = info("--format", fmt, "--q-dtype", "e4m3", *extra)
+            assert "scores=fp8 (auto)" in out, out
+            assert "CUDA variants (the first that supports the problem runs; on an SM90 GPU: h64.ws.q8):" in out, out
+            assert "h64.ws.q8  scores fp8   supports this problem" in out
+            assert "  cpu : runs with the float64 reference" in out
+            if "CUDA backend: built" in out:
+                assert f"  kernel on an SM90 GPU: sm90/sparse_mla/{fmt}_d576/h64.ws.q8" in out.splitlines()
+    # ... bf16 scores on request: the q widened, h64.ws.
+    out = info("--format", "fp8_ds_mla", "--q-dtype", "e4m3", "--score", "bf16")
+    assert "scores=bf16" in out and "(auto)" not in out
+    assert "on an SM90 GPU: h64.ws):" in out
+    # ... and a bf16 q: auto is bf16 scores.
+    out = info("--format", "fp8_ds_mla")
+    assert "scores=bf16 (auto)" in out
+    assert "on an SM90 GPU: h64.ws):" in out
     # fp8 scores with a bf16 q: refused by both backends, with the fix.
     out = info("--format", "fp8_ds_mla", "--score", "fp8", rc=1)  # nothing can run it: info exits 1
     assert "cpu : cannot run: score precision fp8 multiplies an e4m3 q with fp8 rows" in out
@@ -77,6 +96,13 @@ def test_score_fp8_is_a_cuda_option():
     r = bench("--format", "fp8_ds_mla", "--q", "e4m3", "--score", "fp8", "--heads", "2", "--T", "1", "--topk", "16")
     assert r.returncode != 0
     assert "--score fp8 chooses a CUDA kernel" in r.stderr
+    # auto (the default, also when named) and bf16 are fine on the CPU backend
+    for extra in [(), ("--score", "auto"), ("--score", "bf16")]:
+        r = bench("--format", "fp8_ds_mla", "--q", "e4m3", *extra, "--heads", "2", "--T", "1", "--topk", "16",
+                  "--reps", "1")
+        assert r.returncode == 0, r.stderr
+    r = bench("--format", "fp8_ds_mla", "--score", "f8", "--heads", "2", "--T", "1", "--topk", "16")
+    assert r.returncode != 0 and "use auto, bf16 or fp8" in r.stderr
 
 
 def test_phases_need_the_phase_timer_build():

@@ -554,16 +554,23 @@ def _one_line(excinfo, *words):
 
 def test_score_precision_is_a_plan_option():
     plan = smla.Plan(16, 64, backend="cpu")
-    assert plan.score_precision == "bf16"
-    assert "score_precision='bf16'" in repr(plan)
+    assert plan.score_precision == "auto"  # the default: fp8 for an e4m3 q with an fp8 cache, else bf16
+    assert "score_precision='auto'" in repr(plan)
+    assert smla.Plan(16, 64, score_precision="bf16", backend="cpu").score_precision == "bf16"
+    # every entry point defaults to "auto"
+    import inspect
+    for fn in (smla.sparse_mla, smla.Plan.__init__, smla.support, smla.kernel_for):
+        assert inspect.signature(fn).parameters["score_precision"].default == "auto", fn
     for fmt in ["fp8_e4m3", "fp8_ds_mla"]:
         p8 = smla.Plan(16, 64, format=fmt, q_dtype="e4m3", score_precision="fp8", backend="cpu")
         assert p8.score_precision == "fp8" and p8.format == fmt and p8.q_dtype == "e4m3"
         assert "score_precision='fp8'" in repr(p8)
         assert smla.support(16, 64, format=fmt, q_dtype="e4m3", score_precision="fp8", backend="cpu") == ""
-        # an e4m3 q with bf16 scores stays supported (the q is widened to bf16)
+        # an e4m3 q with bf16 scores stays supported (the q is widened to bf16), and auto too
         assert smla.Plan(16, 64, format=fmt, q_dtype="e4m3", score_precision="bf16",
                          backend="cpu").score_precision == "bf16"
+        assert smla.Plan(16, 64, format=fmt, q_dtype="e4m3", backend="cpu").score_precision == "auto"
+        assert smla.support(16, 64, format=fmt, q_dtype="e4m3", backend="cpu") == ""
 
 
 @pytest.mark.parametrize("fmt,q_dtype", [("fp8_ds_mla", "bf16"), ("fp8_e4m3", "bf16"), ("bf16", "bf16"),
@@ -592,7 +599,7 @@ def test_fp8_scores_need_an_e4m3_q(fmt, q_dtype):
 
 @pytest.mark.parametrize("bad", ["fp16", "FP8", "", "e4m3", 8])
 def test_invalid_score_precision_is_one_line(bad):
-    words = ("score_precision", '"bf16"', '"fp8"', f'"{bad}"')
+    words = ("score_precision", '"auto"', '"bf16"', '"fp8"', f'"{bad}"')
     with pytest.raises(smla.SmlaError) as ei:
         smla.Plan(16, 64, format="fp8_ds_mla", q_dtype="e4m3", score_precision=bad, backend="cpu")
     _one_line(ei, *words)
@@ -623,7 +630,7 @@ def test_cpu_fp8_scores_equal_bf16_scores(fmt):
     idx = random_idx(rng, T, K, len(rows))
     counts = rng.integers(0, K + 1, size=T).astype(np.int32)
     results = {}
-    for sp in ["bf16", "fp8"]:
+    for sp in ["bf16", "fp8", "auto"]:
         plan = smla.Plan(H, K, format=fmt, q_dtype="e4m3", score_precision=sp, max_rows=T, backend="cpu")
         out = np.full((T, H, 512), np.nan, np.float32)
         lse = np.full((T, H), np.nan, np.float32)
@@ -634,6 +641,8 @@ def test_cpu_fp8_scores_equal_bf16_scores(fmt):
         results[sp] = (out, lse)
     np.testing.assert_array_equal(results["fp8"][0], results["bf16"][0])
     np.testing.assert_array_equal(results["fp8"][1], results["bf16"][1])
+    np.testing.assert_array_equal(results["auto"][0], results["bf16"][0])
+    np.testing.assert_array_equal(results["auto"][1], results["bf16"][1])
     want_out, want_lse = ref.sparse_mla(ref.e4m3_decode(q8), rows, idx, DS_SCALE, q_scale=q_scale, counts=counts)
     assert rel_l2(results["fp8"][0], want_out) < 1e-5 and lse_diff(results["fp8"][1], want_lse) < 1e-4
     # the one-call path takes the keyword too, with the same result
@@ -646,7 +655,12 @@ def test_cpu_fp8_scores_equal_bf16_scores(fmt):
 def test_kernel_for_names_the_score_variant():
     base = "sm90/sparse_mla/fp8_ds_mla_d576"
     assert smla.kernel_for(64, 2048, format="fp8_ds_mla", q_dtype="e4m3", score_precision="fp8") == base + "/h64.ws.q8"
-    assert smla.kernel_for(64, 2048, format="fp8_ds_mla", q_dtype="e4m3") == base + "/h64.ws"
+    # the default (auto) resolves: an e4m3 q with an fp8 cache gets fp8 scores, bf16 on request
+    assert smla.kernel_for(64, 2048, format="fp8_ds_mla", q_dtype="e4m3") == base + "/h64.ws.q8"
+    assert smla.kernel_for(64, 2048, format="fp8_ds_mla", q_dtype="e4m3", score_precision="auto") == base + "/h64.ws.q8"
+    assert smla.kernel_for(64, 2048, format="fp8_ds_mla", q_dtype="e4m3", score_precision="bf16") == base + "/h64.ws"
+    assert smla.kernel_for(64, 2048, format="fp8_e4m3", q_dtype="e4m3") == "sm90/sparse_mla/fp8_e4m3_d576/h64.ws.q8"
+    assert smla.kernel_for(64, 2048, format="fp8_ds_mla") == base + "/h64.ws"  # a bf16 q: auto is bf16
     assert smla.kernel_for(64, 2048, format="fp8_e4m3", q_dtype="e4m3",
                            score_precision="fp8") == "sm90/sparse_mla/fp8_e4m3_d576/h64.ws.q8"
     assert smla.kernel_for(64, 2048, format="bf16") == "sm90/sparse_mla/bf16_d576/h64.ws"

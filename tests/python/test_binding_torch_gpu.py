@@ -464,8 +464,8 @@ def test_any_device():
 
 
 # ---------------------------------------------------------------------------------------------
-# fp8 scores: Plan(score_precision="fp8") runs h64.ws.q8 (S = q·k on the fp8 tensor cores) for an
-# e4m3 q over an fp8 cache; DESIGN.md §8's fp8-product bar against the reference on the same e4m3
+# fp8 scores: Plan(score_precision="fp8"), and the default "auto", run h64.ws.q8 (S = q·k on the fp8
+# tensor cores) for an e4m3 q over an fp8 cache; DESIGN.md §8's fp8-product bar against the reference on the same e4m3
 # q and the dequantized rows: rel L2 <= 5e-3, LSE abs <= 1e-2, mean signed LSE error within 1e-3
 
 
@@ -486,7 +486,8 @@ def test_fp8_scores_plan_run_matches_cpu_reference(fmt, T, H, K, N):
     assert reason == "", reason
     assert smla.kernel_for(H, K, format=fmt, q_dtype="e4m3", score_precision="fp8",
                            device=0) == f"sm90/sparse_mla/{fmt}_d576/h64.ws.q8"
-    assert smla.kernel_for(H, K, format=fmt, q_dtype="e4m3", device=0).endswith("/h64.ws")
+    assert smla.kernel_for(H, K, format=fmt, q_dtype="e4m3", device=0).endswith("/h64.ws.q8")  # auto
+    assert smla.kernel_for(H, K, format=fmt, q_dtype="e4m3", score_precision="bf16", device=0).endswith("/h64.ws")
 
     g = torch.Generator(device="cpu").manual_seed(T * 1000 + H)
     q8 = (torch.randn(T, H, 576, generator=g) * 20).to(torch.float8_e4m3fn).to(DEV)
@@ -531,8 +532,24 @@ def test_fp8_scores_plan_run_matches_cpu_reference(fmt, T, H, K, N):
     assert abs(mean) <= 1e-3, "the fp8 score sums are biased"
 
     # the plan's precision travels in the params it builds: a bf16-score plan gives the h64.ws
-    # result (within the bf16 bar), the one-call path and the custom op take the keyword too
-    plan16 = smla.Plan(H, K, format=fmt, q_dtype="e4m3", max_rows=T)
+    # result (within the bf16 bar), the one-call path and the custom op take the keyword too;
+    # the default (auto) plan, one call and op run h64.ws.q8: the fp8 plan's result, bit for bit
+    plan_auto = smla.Plan(H, K, format=fmt, q_dtype="e4m3", max_rows=T)
+    assert plan_auto.score_precision == "auto"
+    out_a = torch.empty_like(out)
+    lse_a = torch.empty_like(lse)
+    plan_auto.run(q8, cache, idx, out_a, softmax_scale=DS_SCALE, lse=lse_a, q_scale=q_scale, k_scale=k_scale,
+                  workspace=plan_auto.new_workspace(q8))
+    out_a1, lse_a1 = smla.sparse_mla(q8, cache, idx, format=fmt, softmax_scale=DS_SCALE, q_scale=q_scale,
+                                     k_scale=k_scale)
+    out_a2, lse_a2 = torch.ops.smla.sparse_mla(q8, None, cache, idx, None, None, fmt, DS_SCALE, q_scale, k_scale)
+    torch.cuda.synchronize()
+    torch.testing.assert_close(out_a, out, rtol=0, atol=0)
+    torch.testing.assert_close(lse_a, lse, rtol=0, atol=0)
+    for o, x in [(out_a1, lse_a1), (out_a2, lse_a2)]:
+        assert rel_l2(o.float().cpu().numpy(), want_out) <= 5e-3
+        assert lse_diff(x.cpu().numpy(), want_lse) <= 1e-2
+    plan16 = smla.Plan(H, K, format=fmt, q_dtype="e4m3", score_precision="bf16", max_rows=T)
     out16 = torch.empty_like(out)
     lse16 = torch.empty_like(lse)
     plan16.run(q8, cache, idx, out16, softmax_scale=DS_SCALE, lse=lse16, q_scale=q_scale, k_scale=k_scale,
@@ -575,5 +592,5 @@ def test_fp8_scores_custom_op_under_torch_compile():
                           # test_schema multiplies the inputs, which PyTorch does not implement for
                           # float8_e4m3fn ("mul_cuda"); the schema itself is checked with a bf16 q elsewhere.
                           test_utils=("test_faketensor",))
-    with pytest.raises(smla.SmlaError, match=r'score_precision must be "bf16" or "fp8"'):
+    with pytest.raises(smla.SmlaError, match=r'score_precision must be "auto", "bf16" or "fp8"'):
         torch.ops.smla.sparse_mla(q8, None, cache, idx, None, None, "fp8_ds_mla", DS_SCALE, 0.05, 1.0, 64, "e", "f8")

@@ -107,7 +107,7 @@ int bench_cpu(const Args& a) {
   const bool q_e4m3 = a.get("q", "") == "e4m3";
   SMLA_CHECK(!q_e4m3 || fmt == KvFormat::kFP8E4M3 || fmt == KvFormat::kFP8DsMla,
              "--q e4m3 needs --format fp8_e4m3 or fp8_ds_mla");
-  SMLA_CHECK(parse_score_precision(a.get("score", "bf16")) == ScorePrecision::kBF16,
+  SMLA_CHECK(parse_score_precision(a.get("score", "auto")) != ScorePrecision::kFP8,
              "--score fp8 chooses a CUDA kernel; the CPU reference sums every product in float64");
   std::vector<BenchRecord> recs;
   print_header(false);

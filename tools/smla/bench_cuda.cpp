@@ -86,8 +86,9 @@ int bench_cuda(const Args& a) {
   SMLA_CHECK(K >= 1, "--topk must be >= 1");
   const DType qt = fmt == KvFormat::kFP16 ? DType::kFP16 : DType::kBF16;  // also the output type
   const bool q_e4m3 = a.get("q", "") == "e4m3";
-  // --score fp8: the fp8 tensor-core score path (an e4m3 q with an fp8 cache; smla info --score).
-  const ScorePrecision score = parse_score_precision(a.get("score", "bf16"));
+  // --score: auto (default: the fp8 tensor-core score path for an e4m3 q with an fp8 cache, else bf16),
+  // bf16 or fp8 (smla info --score).
+  const ScorePrecision score = parse_score_precision(a.get("score", "auto"));
   SMLA_CHECK(!q_e4m3 || fmt == KvFormat::kFP8E4M3 || fmt == KvFormat::kFP8DsMla,
              "--q e4m3 needs --format fp8_e4m3 or fp8_ds_mla");
   const int rope = D - kLatentDim;
@@ -168,7 +169,7 @@ int bench_cuda(const Args& a) {
       r.bytes = r.valid_entries * rb;
       r.gemm_tflops = gemm, r.copy_tbps = copy;
       r.repro = "smla bench --format " + std::string(to_string(fmt)) + (q_e4m3 ? " --q e4m3" : "") +
-                (score == ScorePrecision::kFP8 ? " --score fp8" : "") + " --heads " + std::to_string(H) + " --T " + std::to_string(T) +
+                (score != ScorePrecision::kAuto ? " --score " + std::string(to_string(score)) : "") + " --heads " + std::to_string(H) + " --T " + std::to_string(T) +
                 " --topk " + std::to_string(K) + " --dim " + std::to_string(D) +
                 (forced_splits > 0 ? " --splits " + std::to_string(forced_splits) : "");
       print_record(r, recs.size(), Hs.size() * Ts.size());

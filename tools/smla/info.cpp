@@ -17,7 +17,7 @@ int cmd_info(const Args& a) {
   g.topk = int(a.get_int("topk", 2048, 0, 1 << 30));  // 0 reaches the support check, which says why
   g.rope_dim = int(a.get_int("rope-dim", 64, 0, 1 << 20));
   g.sink = a.has("sink");
-  g.score_precision = parse_score_precision(a.get("score", "bf16"));
+  g.score_precision = parse_score_precision(a.get("score", "auto"));
 
   std::printf("smla %s  (C++20; CUDA backend: %s%s)\n", "0.1.0", built_with_cuda() ? "built (sm_90a)" : "not built",
               cuda::phase::kEnabled ? "; phase timer compiled in" : "");
@@ -27,11 +27,14 @@ int cmd_info(const Args& a) {
                 dev.cc_minor, dev.num_sms, dev.smem_per_block_optin / 1024);
   else
     std::printf("devices: none found\n");
+  // The resolved score precision, with "(auto)" when the default chose it.
+  const std::string scores = std::string(to_string(resolve_score_precision(g))) +
+                             (g.score_precision == ScorePrecision::kAuto ? " (auto)" : "");
   std::printf("problem: H=%d D=%d format=%s (%d B/row) q=%s K=%d sink=%s scores=%s\n", g.num_heads,
               kLatentDim + g.rope_dim, std::string(to_string(g.format)).c_str(),
               (g.rope_dim == 0 || g.rope_dim == 64) ? row_bytes(g.format, g.rope_dim) : 0,
               std::string(to_string(g.q_dtype)).c_str(), g.topk, g.sink ? "on" : "off",
-              std::string(to_string(g.score_precision)).c_str());
+              scores.c_str());
   // A geometry no backend can run names no kernel, and info exits 1.
   const bool runnable = support_common(g).ok();
   if (built_with_cuda() && runnable) std::printf("  kernel on an SM90 GPU: %s\n", cuda_kernel_for(g).c_str());
@@ -46,7 +49,9 @@ int cmd_info(const Args& a) {
   }
   // The variant table on an SM90 GPU: each variant, whether it takes this problem, and why not.
   if (!runnable) return 1;
-  std::printf("CUDA variants (the first that supports the problem runs):\n");
+  const CudaVariant* selected = cuda_variant_for(g, any_sm90_device());
+  std::printf("CUDA variants (the first that supports the problem runs; on an SM90 GPU: %s):\n",
+              selected != nullptr ? selected->name : "none");
   for (const CudaVariant& v : cuda_variants()) {
     const Support s = v.supports(g, any_sm90_device());
     std::printf("  %-10s scores %-4s  %s\n             %s\n", v.name, std::string(to_string(v.score_precision)).c_str(),
