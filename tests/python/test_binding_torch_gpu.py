@@ -469,14 +469,6 @@ def test_any_device():
 # q and the dequantized rows: rel L2 <= 5e-3, LSE abs <= 1e-2, mean signed LSE error within 1e-3
 
 
-# fp8_e4m3's fp8 score path sums the 576 fp8 products of a row in one tensor-core accumulator (no fp32
-# promotion every 128 products, which DESIGN.md §8 asks for and fp8_ds_mla's path has): on this data its
-# LSE strays 2.4e-2 to 4.5e-2 and its mean signed error is -1.6e-3 (H200, session 9 run 8). A known defect
-# of the opt-in path, kept visible: strict, so the case reports as soon as the kernel is fixed.
-_E4M3_FP8_SCORES = pytest.mark.xfail(strict=True, reason="fp8_e4m3 fp8 scores: no per-128 promotion; LSE up to "
-                                     "4.5e-2 against §8's 1e-2 (docs/perf-history.md#s9-fp8-e4m3)")
-
-
 @pytest.mark.parametrize("fmt", ["fp8_ds_mla", "fp8_e4m3"])
 @pytest.mark.parametrize("T,H,K,N", [(8, 64, 512, 3000), (3, 128, 2048, 5000), (130, 16, 200, 1000)])
 def test_fp8_scores_plan_run_matches_cpu_reference(fmt, T, H, K, N):
