@@ -9,6 +9,21 @@
 // smla/workspace.h), so step() allocates nothing, never synchronizes, and can be captured in a
 // CUDA graph. NCCL types stay out of this header: the communicator travels as void* (an ncclComm_t).
 // Everything runs on the communicator's CUDA device, whichever device is current.
+//
+// Failure (a rank that stops taking part). Each Dcp owns a watchdog thread (started by the
+// constructor, joined by the destructor) that polls nothing in the step. It aborts the
+// communicator (ncclCommAbort, which also ends NCCL kernels still waiting on the GPU) when a step
+// has not finished timeout_ms after step() enqueued it, or when NCCL reports an asynchronous error;
+// the caller's stream synchronization then returns, and the next step() or wait() throws
+// "DCP: rank r: ... did not finish within N ms ...; the communicator was aborted". A host thread
+// stuck inside a call of a *blocking* communicator (connection setup to a dead peer) cannot be
+// aborted from another thread (NCCL's thread-safety rule): after timeout_ms the watchdog writes the
+// reason to stderr and terminates the process (terminate_on_stuck_call), or leaves the call to
+// NCCL's own timeouts (~60 s measured). A nonblocking communicator (make_comm(..., true)) turns that
+// case into an exception too, at the price of host polling on every NCCL call (0.07 -> 0.21 ms per
+// step at T = 1, W = 2: docs/perf-history.md, DCP). Steps captured in a CUDA graph are not watched
+// (their replays are the caller's: bound them with wait()). The rules each choice rests on are in
+// src/dist/nccl_watchdog.h.
 #pragma once
 
 #include <cstdint>
@@ -30,10 +45,23 @@ struct DcpConfig {
   int topk = 2048;         // K of the global top-k
   int64_t max_rows = 1;    // largest T of a step
   bool all_to_all = false; // merge path: false = all-gather LSE + reduce-scatter; true = one all-to-all
-  // Longest wait for an NCCL call to be enqueued (connection setup to a peer included). A rank
-  // that stops taking part makes the others abort the communicator and throw after this long.
+  // Longest time, in ms, from step() until the step has finished on the GPU (work queued before it
+  // on the stream counts, as in PyTorch's ProcessGroupNCCL), and longest host wait inside one NCCL
+  // call. Must exceed the slowest healthy step; a step that finishes in time is never aborted.
   int timeout_ms = 10000;
+  // The watchdog thread (see above). Off: no thread and no per-step event; only wait() bounds a step
+  // (for a caller with a watchdog of its own, and for `smla bench --dcp`'s comparison).
+  bool watchdog = true;
+  // Blocking communicator only: a host call stuck in NCCL past timeout_ms terminates the process
+  // (with the reason on stderr) rather than waiting for NCCL's own timeouts.
+  bool terminate_on_stuck_call = true;
 };
+
+// Checks a DcpConfig on the host (no device, no NCCL): world in [1, 16], rank in [0, world),
+// interleave >= 1, local_heads * world in [1, 128], q bf16 or fp16, max_rows and topk >= 1,
+// timeout_ms >= 1. Throws Error naming the field and the fix. Dcp's constructor calls it.
+inline constexpr int kMaxDcpWorld = 16;
+void check_config(const DcpConfig& cfg);
 
 struct DcpStepArgs {
   int64_t num_tokens = 0;            // T
@@ -74,9 +102,14 @@ class Dcp {
   // has run (steps on one stream may share it). Validates on the host before enqueuing anything.
   void step(const DcpStepArgs& args, void* workspace, size_t workspace_bytes, void* stream);
 
-  // Waits for `stream`. If NCCL reports an asynchronous error or the stream has not finished
-  // within timeout_ms (a rank stopped taking part), aborts the communicator and throws Error.
+  // Waits for `stream`. If NCCL reports an asynchronous error, the watchdog has aborted the
+  // communicator, or the stream has not finished within timeout_ms (a rank stopped taking part),
+  // aborts the communicator (if not yet) and throws Error.
   void wait(void* stream, int timeout_ms);
+
+  // True once this Dcp aborted the communicator. ncclCommAbort frees it: make a new one (and a new
+  // Dcp); destroy_comm on the aborted handle does nothing. Every later step() and wait() throws.
+  bool aborted() const;
 
   // Seconds of the last step spent in communication vs attention (events; for the benchmark).
   struct Timing { float comm_ms = 0, attn_ms = 0, total_ms = 0; };
@@ -90,13 +123,14 @@ class Dcp {
 
 // Helpers for tests and the CLI: a unique id (NCCL_UNIQUE_ID_BYTES bytes) made by one process and
 // handed to all, and a communicator from it (on the current device). By default the communicator
-// is nonblocking, so no NCCL call can hang the host: Dcp polls each call against its timeout and a
-// dead peer surfaces within DcpConfig::timeout_ms. A blocking communicator enqueues faster (see
-// docs/perf-history.md, DCP) but a peer lost during connection setup then surfaces only after NCCL's
-// own timeout (about 60 s measured); a hang after enqueue is still caught by Dcp::wait.
+// is blocking: NCCL calls enqueue without host polling and Dcp's watchdog bounds a lost peer (see
+// above). nonblocking = true: every call returns at once and is polled against DcpConfig::timeout_ms,
+// the one mode in which connection setup to a lost peer (and this init, bounded by timeout_ms here)
+// ends in an exception rather than in NCCL's own timeout (~60 s measured) or process termination.
+// destroy_comm skips a communicator that Dcp aborted (already freed).
 std::vector<uint8_t> make_unique_id();
 void* make_comm(const std::vector<uint8_t>& unique_id, int world, int rank, int timeout_ms = 60000,
-                bool nonblocking = true);
+                bool nonblocking = false);
 void destroy_comm(void* comm);
 
 }  // namespace smla::dist
