@@ -52,7 +52,10 @@ inline bool was_aborted(const void* comm) {
 
 // A nonblocking communicator answers ncclInProgress while a call is still being enqueued (e.g.
 // connecting to a peer). Poll its state on the host (the stream is not synchronized) until the
-// call is in place; past timeout_ms, or on an error, abort the communicator and throw.
+// call is in place; past timeout_ms, or on an error, abort the communicator and throw. For calls
+// made where no CommWatchdog exists (make_comm's init, a constructor's ncclCommCount): a step's
+// calls go through CommWatchdog::call, which takes the communicator's lock, shows the watchdog
+// how long the host has been inside, and settles a nonblocking answer the same way.
 inline void settle(ncclComm_t comm, ncclResult_t r, const char* what, int timeout_ms) {
   const auto t0 = std::chrono::steady_clock::now();
   while (r == ncclInProgress) {

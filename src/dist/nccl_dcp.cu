@@ -275,6 +275,9 @@ void Dcp::step(const DcpStepArgs& a, void* workspace, size_t workspace_bytes, vo
     m.wd.call("ncclReduceScatter(out)", [&] {
       return ncclReduceScatter(scaled, summed, size_t(T) * Hl * kLatentDim, ncclFloat32, ncclSum, m.comm, stream);
     });
+    // After the last NCCL operation (the host's event record overlaps the GPU's collective): the
+    // watchdog aborts if the stream has not got here within timeout_ms.
+    m.wd.step_enqueued(stream);
     finalize_kernel<<<unsigned(T * Hl), 128, 0, stream>>>(summed, lse_local, out, a.lse, T * Hl, bf16);
     check_cuda(cudaGetLastError(), "finalize_kernel");
   } else {
@@ -294,11 +297,11 @@ void Dcp::step(const DcpStepArgs& a, void* workspace, size_t workspace_bytes, vo
       const ncclResult_t end = ncclGroupEnd();
       return r != ncclSuccess ? r : end;
     });
+    m.wd.step_enqueued(stream);  // after the last NCCL operation, as above
     merge_received_kernel<<<unsigned(T * Hl), 128, 0, stream>>>(recv, out, a.lse, T, W, Hl, bf16);
     check_cuda(cudaGetLastError(), "merge_received_kernel");
   }
   if (m.timing) check_cuda(cudaEventRecord(m.ev[3], stream), "cudaEventRecord");
-  m.wd.step_enqueued(stream);  // the watchdog aborts if the stream has not got here within timeout_ms
 }
 
 void Dcp::wait(void* stream_ptr, int timeout_ms) {

@@ -26,6 +26,9 @@
 //       watchdog can only report it and (by default) terminate the process, as PyTorch's
 //       ProcessGroupNCCL does by default (TORCH_NCCL_ASYNC_ERROR_HANDLING = 3: tear down the process
 //       without aborting the communicator).
+//  [R5] CUDA graphs: steps captured into a graph are not watched (no event is recorded while the
+//       stream is capturing: an event recorded during capture is a graph node, not a point the host
+//       can query), and this thread runs in the thread-local capture mode.
 //
 // Timeout semantics follow ProcessGroupNCCL's work timeout: a step counts from the moment it was
 // enqueued on the host (its completion event recorded), so work queued before it on the same stream
@@ -239,6 +242,12 @@ class CommWatchdog {
 
   void run() {
     cudaSetDevice(device_);  // this thread's current device, for the event queries
+    // [R5] A cudaEventQuery from this thread while another thread captures a graph in the global
+    // mode would invalidate that capture; in the thread-local mode this thread's calls do not
+    // interact with other threads' captures (CUDA runtime, cudaStreamCaptureMode; PyTorch's
+    // ProcessGroupNCCL watchdog does the same, pytorch#148594).
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeThreadLocal;
+    cudaThreadExchangeStreamCaptureMode(&mode);
     std::unique_lock<std::mutex> lk(stop_mu_);
     while (!stop_) {
       stop_cv_.wait_for(lk, std::chrono::milliseconds(period_ms_));
