@@ -167,23 +167,34 @@ class CommWatchdog {
     const int64_t t0 = now_ns();
     for (;;) {
       check();
+      // NCCL's asynchronous error first [R2] (a stream that ran to its end after an error is no
+      // success); busy means the watchdog is checking or aborting: look again next round [R1].
+      if (call_mu_.try_lock()) {
+        std::lock_guard<std::mutex> g(call_mu_, std::adopt_lock);
+        ncclResult_t e = ncclSuccess;
+        if (!aborted_ && ncclCommGetAsyncError(comm_, &e) != ncclSuccess) e = ncclSystemError;
+        if (e != ncclSuccess && e != ncclInProgress) {
+          record_failure(prefix() + "NCCL reported " + ncclGetErrorString(e) + "; the communicator was aborted");
+          abort_locked();
+        }
+      }
+      check();
       const cudaError_t q = cudaStreamQuery(stream);
       if (q == cudaSuccess) return;
       if (q != cudaErrorNotReady) check_cuda(q, (std::string(cfg_.who) + " step").c_str());
-      if (call_mu_.try_lock()) {  // [R1]; busy means the watchdog is checking or aborting: look again
-        std::lock_guard<std::mutex> g(call_mu_, std::adopt_lock);
-        if (!aborted_) {
-          ncclResult_t e = ncclSuccess;
-          if (ncclCommGetAsyncError(comm_, &e) != ncclSuccess) e = ncclSystemError;
-          if (e != ncclSuccess && e != ncclInProgress) {
-            record_failure(prefix() + "NCCL reported " + ncclGetErrorString(e) + "; the communicator was aborted");
+      if (now_ns() - t0 > int64_t(timeout_ms) * 1000000) {
+        record_failure(prefix() + "the step did not finish within " + std::to_string(timeout_ms) +
+                       " ms (a peer stopped taking part?); the communicator was aborted");
+        // Abort here once no call holds the communicator; the watchdog may be doing it already.
+        while (!aborted_flag_.load(std::memory_order_acquire)) {
+          if (call_mu_.try_lock()) {
+            std::lock_guard<std::mutex> g(call_mu_, std::adopt_lock);
             abort_locked();
-          } else if (now_ns() - t0 > int64_t(timeout_ms) * 1000000) {
-            record_failure(prefix() + "the step did not finish within " + std::to_string(timeout_ms) +
-                           " ms (a peer stopped taking part?); the communicator was aborted");
-            abort_locked();
+          } else {
+            std::this_thread::yield();
           }
         }
+        check();
       }
       std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
