@@ -13,7 +13,8 @@
 // Failure (a rank that stops taking part). Each Dcp owns a watchdog thread (started by the
 // constructor, joined by the destructor) that polls nothing in the step. It aborts the
 // communicator (ncclCommAbort, which also ends NCCL kernels still waiting on the GPU) when a step
-// has not finished timeout_ms after step() enqueued it, or when NCCL reports an asynchronous error;
+// has not finished timeout_ms after step() enqueued it (it looks every min(timeout_ms / 8, 100) ms,
+// so the error comes within timeout_ms plus that), or when NCCL reports an asynchronous error;
 // the caller's stream synchronization then returns, and the next step() or wait() throws
 // "DCP: rank r: ... did not finish within N ms ...; the communicator was aborted". A host thread
 // stuck inside a call of a *blocking* communicator (connection setup to a dead peer) cannot be

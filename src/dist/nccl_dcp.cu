@@ -140,6 +140,9 @@ detail::WatchdogConfig watchdog_config(const DcpConfig& cfg) {
 int comm_device(void* nccl_comm, const DcpConfig& cfg) {
   SMLA_CHECK(nccl_comm != nullptr, "DCP: the NCCL communicator is null");
   auto comm = static_cast<ncclComm_t>(nccl_comm);
+  // [R1] of dist/nccl_watchdog.h: another step object's watchdog may be using this communicator.
+  const auto state = detail::comm_state(comm);
+  std::lock_guard<std::mutex> lock(state->call_mu);
   int n = 0, r = 0, dev = -1;
   settle(comm, ncclCommCount(comm, &n), "ncclCommCount", cfg.timeout_ms);
   settle(comm, ncclCommUserRank(comm, &r), "ncclCommUserRank", cfg.timeout_ms);

@@ -43,6 +43,10 @@
 //     ncclGroupStart(); ... ncclSend/ncclRecv ...; return ncclGroupEnd(); });
 //   wd.step_enqueued(stream);                            // after the step's last NCCL operation
 //   wd.wait(stream, timeout_ms);                         // the caller's bounded wait (Dcp::wait)
+// Several step objects on one communicator (a Dcp and a ShardQ step) each own a CommWatchdog; they
+// share the communicator's CommState (its lock and its fate), so an abort by one makes the other's
+// next call throw the same error. A constructor's own queries (ncclCommCount, ncclCommCuDevice) go
+// under comm_state(comm)->call_mu too.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -55,6 +59,9 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <iterator>
+#include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -62,6 +69,36 @@
 #include "dist/nccl_common.h"
 
 namespace smla::dist::detail {
+
+// What every step object on one communicator shares (one per communicator in the process): the
+// lock of [R1] — so a Dcp and a ShardQ step on the same communicator never call NCCL at once, nor
+// one's watchdog while the other's step is inside a call — and the communicator's fate (the first
+// failure, and whether it was aborted: then no step object may touch it again).
+struct CommState {
+  std::mutex call_mu;  // [R1]: held by every NCCL call on the communicator
+  bool aborted = false;  // under call_mu
+  std::atomic<bool> aborted_flag{false};
+  std::mutex fail_mu;
+  std::string why;  // under fail_mu: the first failure
+  std::atomic<bool> failed{false};
+};
+
+// The CommState of `comm`, shared while any step object on it lives. An entry of an aborted
+// communicator belongs to a dead handle: a live communicator at the same address (NCCL may reuse
+// the memory) gets a fresh state.
+inline std::shared_ptr<CommState> comm_state(const void* comm) {
+  static std::mutex mu;
+  static std::map<const void*, std::weak_ptr<CommState>> states;
+  std::lock_guard<std::mutex> g(mu);
+  for (auto it = states.begin(); it != states.end();) it = it->second.expired() ? states.erase(it) : std::next(it);
+  auto& w = states[comm];
+  auto st = w.lock();
+  if (!st || st->aborted_flag.load(std::memory_order_acquire)) {
+    st = std::make_shared<CommState>();
+    w = st;
+  }
+  return st;
+}
 
 struct WatchdogConfig {
   const char* who = "NCCL step";  // "DCP", "ShardQ": the first word of every message
@@ -74,7 +111,8 @@ struct WatchdogConfig {
 class CommWatchdog {
  public:
   CommWatchdog(ncclComm_t comm, int device, const WatchdogConfig& cfg)
-      : comm_(comm), device_(device), cfg_(cfg), timeout_ns_(int64_t(cfg.timeout_ms) * 1000000) {
+      : comm_(comm), device_(device), cfg_(cfg), timeout_ns_(int64_t(cfg.timeout_ms) * 1000000),
+        st_(comm_state(comm)) {
     forget_aborted(comm_);
     if (!cfg_.watch_steps) return;
     DeviceScope on(device_);
@@ -100,30 +138,30 @@ class CommWatchdog {
   CommWatchdog& operator=(const CommWatchdog&) = delete;
 
   ncclComm_t comm() const { return comm_; }
-  bool failed() const { return failed_.load(std::memory_order_acquire); }
-  bool aborted() const { return aborted_flag_.load(std::memory_order_acquire); }
+  bool failed() const { return st_->failed.load(std::memory_order_acquire); }
+  bool aborted() const { return st_->aborted_flag.load(std::memory_order_acquire); }
 
   // Throws the first failure recorded (by the watchdog, a call or wait()): one atomic load when healthy.
   void check() const {
-    if (!failed_.load(std::memory_order_acquire)) return;
-    std::lock_guard<std::mutex> g(fail_mu_);
-    fail(why_);
+    if (!st_->failed.load(std::memory_order_acquire)) return;
+    std::lock_guard<std::mutex> g(st_->fail_mu);
+    fail(st_->why);
   }
 
   // One NCCL call (or one ncclGroupStart ... ncclGroupEnd group) on the communicator: fn returns its
-  // ncclResult_t. Under call_mu_ [R1]; the host's time inside is visible to the watchdog [R4]; a
+  // ncclResult_t. Under st_->call_mu [R1]; the host's time inside is visible to the watchdog [R4]; a
   // nonblocking communicator's ncclInProgress is settled here by polling [R3]; any error aborts the
   // communicator and throws.
   template <class Fn>
   void call(const char* what, Fn&& fn) {
     check();
-    // The watchdog holds call_mu_ only for an instant, or while it aborts after a failure: then throw
+    // The watchdog holds st_->call_mu only for an instant, or while it aborts after a failure: then throw
     // instead of waiting for the abort to finish.
-    while (!call_mu_.try_lock()) {
+    while (!st_->call_mu.try_lock()) {
       check();
       std::this_thread::yield();
     }
-    std::lock_guard<std::mutex> g(call_mu_, std::adopt_lock);
+    std::lock_guard<std::mutex> g(st_->call_mu, std::adopt_lock);
     check();
     call_what_.store(what, std::memory_order_relaxed);
     call_since_ns_.store(now_ns(), std::memory_order_release);
@@ -169,10 +207,10 @@ class CommWatchdog {
       check();
       // NCCL's asynchronous error first [R2] (a stream that ran to its end after an error is no
       // success); busy means the watchdog is checking or aborting: look again next round [R1].
-      if (call_mu_.try_lock()) {
-        std::lock_guard<std::mutex> g(call_mu_, std::adopt_lock);
+      if (st_->call_mu.try_lock()) {
+        std::lock_guard<std::mutex> g(st_->call_mu, std::adopt_lock);
         ncclResult_t e = ncclSuccess;
-        if (!aborted_ && ncclCommGetAsyncError(comm_, &e) != ncclSuccess) e = ncclSystemError;
+        if (!st_->aborted && ncclCommGetAsyncError(comm_, &e) != ncclSuccess) e = ncclSystemError;
         if (e != ncclSuccess && e != ncclInProgress) {
           record_failure(prefix() + "NCCL reported " + ncclGetErrorString(e) + "; the communicator was aborted");
           abort_locked();
@@ -186,9 +224,9 @@ class CommWatchdog {
         record_failure(prefix() + "the step did not finish within " + std::to_string(timeout_ms) +
                        " ms (a peer stopped taking part?); the communicator was aborted");
         // Abort here once no call holds the communicator; the watchdog may be doing it already.
-        while (!aborted_flag_.load(std::memory_order_acquire)) {
-          if (call_mu_.try_lock()) {
-            std::lock_guard<std::mutex> g(call_mu_, std::adopt_lock);
+        while (!st_->aborted_flag.load(std::memory_order_acquire)) {
+          if (st_->call_mu.try_lock()) {
+            std::lock_guard<std::mutex> g(st_->call_mu, std::adopt_lock);
             abort_locked();
           } else {
             std::this_thread::yield();
@@ -214,24 +252,24 @@ class CommWatchdog {
   std::string prefix() const { return std::string(cfg_.who) + ": rank " + std::to_string(cfg_.rank) + ": "; }
 
   void record_failure(const std::string& why) {
-    std::lock_guard<std::mutex> g(fail_mu_);
-    if (failed_.load(std::memory_order_relaxed)) return;  // the first failure is the one reported
-    why_ = why;
-    failed_.store(true, std::memory_order_release);
+    std::lock_guard<std::mutex> g(st_->fail_mu);
+    if (st_->failed.load(std::memory_order_relaxed)) return;  // the first failure is the one reported
+    st_->why = why;
+    st_->failed.store(true, std::memory_order_release);
   }
 
-  // call_mu_ held. Once. Marked and registered before the call: the handle is dead from here on
+  // st_->call_mu held. Once. Marked and registered before the call: the handle is dead from here on
   // (destroy_comm must not free it again), and ncclCommAbort may take a while (it waits for the
   // device to let go of the communicator's memory).
   void abort_locked() {
-    if (aborted_) return;
-    aborted_ = true;
-    aborted_flag_.store(true, std::memory_order_release);
+    if (st_->aborted) return;
+    st_->aborted = true;
+    st_->aborted_flag.store(true, std::memory_order_release);
     note_aborted(comm_);
     ncclCommAbort(comm_);
   }
 
-  // call_mu_ held, after a call returned ncclInProgress [R3]: poll until settled, at most timeout_ms.
+  // st_->call_mu held, after a call returned ncclInProgress [R3]: poll until settled, at most timeout_ms.
   ncclResult_t settle_locked(const char* what) {
     const int64_t t0 = now_ns();
     ncclResult_t r = ncclInProgress;
@@ -290,7 +328,7 @@ class CommWatchdog {
   }
 
   void tick() {
-    if (aborted_flag_.load(std::memory_order_acquire)) return;  // nothing left to watch
+    if (st_->aborted_flag.load(std::memory_order_acquire)) return;  // nothing left to watch
     check_stuck_call();
     std::string why;
     {
@@ -308,18 +346,18 @@ class CommWatchdog {
         ++tail_;  // done (a CUDA error is the caller's to see on its own stream)
       }
     }
-    if (why.empty() && call_mu_.try_lock()) {  // [R1], [R2]: off the step's path
-      std::lock_guard<std::mutex> g(call_mu_, std::adopt_lock);
+    if (why.empty() && st_->call_mu.try_lock()) {  // [R1], [R2]: off the step's path
+      std::lock_guard<std::mutex> g(st_->call_mu, std::adopt_lock);
       ncclResult_t e = ncclSuccess;
-      if (!aborted_ && ncclCommGetAsyncError(comm_, &e) == ncclSuccess && e != ncclSuccess && e != ncclInProgress)
+      if (!st_->aborted && ncclCommGetAsyncError(comm_, &e) == ncclSuccess && e != ncclSuccess && e != ncclInProgress)
         why = prefix() + "NCCL reported " + ncclGetErrorString(e) + "; the communicator was aborted";
     }
     if (why.empty()) return;
     record_failure(why);
     // Abort as soon as no host call holds the communicator [R1]; a call stuck meanwhile is [R4].
     for (;;) {
-      if (call_mu_.try_lock()) {
-        std::lock_guard<std::mutex> g(call_mu_, std::adopt_lock);
+      if (st_->call_mu.try_lock()) {
+        std::lock_guard<std::mutex> g(st_->call_mu, std::adopt_lock);
         abort_locked();
         return;
       }
@@ -332,19 +370,14 @@ class CommWatchdog {
   const int device_;
   const WatchdogConfig cfg_;
   const int64_t timeout_ns_;
+  const std::shared_ptr<CommState> st_;
   int period_ms_ = 100;
 
-  std::mutex call_mu_;  // [R1]: held by every NCCL call on comm_
-  bool aborted_ = false;  // under call_mu_
-  std::atomic<bool> aborted_flag_{false};
   std::atomic<int64_t> call_since_ns_{0};  // steady clock ns when the current host call began; 0: none
   std::atomic<const char*> call_what_{""};
   std::atomic<bool> nonblocking_{false};  // a call returned ncclInProgress [R3]
   int64_t warned_call_ = 0;  // watchdog thread only
 
-  mutable std::mutex fail_mu_;
-  std::string why_;  // under fail_mu_
-  std::atomic<bool> failed_{false};
 
   std::mutex slot_mu_;
   Slot slots_[kSlots];
