@@ -6,7 +6,7 @@
 //       parallel with multiple threads"; "it is safe to operate a communicator from multiple threads
 //       as long as ... only one thread operates the communicator at a time". So every NCCL call on
 //       the communicator (the step's, the watchdog's ncclCommGetAsyncError, ncclCommAbort) is made
-//       under one lock, `call_mu_`.
+//       under one lock per communicator, CommState::call_mu.
 //  [R2] Error handling: operations that hit an asynchronous error "will usually not progress and
 //       never complete"; the application should watch ncclCommGetAsyncError while waiting and then
 //       ncclCommAbort, which "frees resources associated with communicator object and aborts any
@@ -32,8 +32,10 @@
 //
 // Timeout semantics follow ProcessGroupNCCL's work timeout: a step counts from the moment it was
 // enqueued on the host (its completion event recorded), so work queued before it on the same stream
-// counts too; timeout_ms must exceed the longest healthy step including that queue. A healthy step
-// is never aborted: the clock of a step stops when its completion event completes.
+// counts too; timeout_ms must exceed the longest healthy step including that queue. A step that
+// finishes within timeout_ms is never aborted: its clock stops when its completion event completes.
+// The watchdog looks every min(timeout_ms / 8, 100) ms, so a failure surfaces within timeout_ms
+// plus that.
 //
 // Call pattern for a step class (see Dcp in nccl_dcp.cu):
 //   CommWatchdog wd(comm, device, {"DCP", rank, timeout_ms, terminate_on_stuck_call});  // one thread
@@ -377,7 +379,6 @@ class CommWatchdog {
   std::atomic<const char*> call_what_{""};
   std::atomic<bool> nonblocking_{false};  // a call returned ncclInProgress [R3]
   int64_t warned_call_ = 0;  // watchdog thread only
-
 
   std::mutex slot_mu_;
   Slot slots_[kSlots];

@@ -18,7 +18,8 @@
 //                                           held for 0.6 x timeout is not aborted; a step held for
 //                                           good is: wait() throws within timeout + slack, the next
 //                                           step() throws at once, and after the flag is released
-//                                           everything cleans up without a hang. Then Dcp::wait's own
+//                                           everything cleans up without a hang; a second Dcp on the
+//                                           same communicator throws the same error. Then Dcp::wait's own
 //                                           timeout with the watchdog off.
 //
 // Exit 0 on success, 1 on failure, 77 (CTest: skipped) when fewer than W GPUs are visible.
@@ -267,6 +268,14 @@ int watchdog_main(const std::vector<uint8_t>& id) {
     void* d_ws = nullptr;
     if (cudaMalloc(&d_ws, dcp.workspace_bytes()) != cudaSuccess) fail("cudaMalloc of the DCP workspace");
     const size_t ws = dcp.workspace_bytes();
+    // A second step object on the same communicator (the all-to-all merge): it shares the
+    // communicator's lock and fate, so the first one's abort must stop it too.
+    auto cfg_b = st.config(1, 0, timeout_ms);
+    cfg_b.all_to_all = true;
+    dist::Dcp other(comm, cfg_b);
+    void* d_ws_b = nullptr;
+    if (cudaMalloc(&d_ws_b, other.workspace_bytes()) != cudaSuccess) fail("cudaMalloc of the DCP workspace");
+    other.step(st.a, d_ws_b, other.workspace_bytes(), stream);
 
     dcp.step(st.a, d_ws, ws, stream);
     dcp.wait(stream, 20000);
@@ -320,6 +329,14 @@ int watchdog_main(const std::vector<uint8_t>& id) {
       next_msg = e.what();
     }
     report(next_msg == msg && seconds_since(t1) < 0.1, "the next step() throws the same error at once");
+    std::string other_msg;
+    try {
+      other.step(st.a, d_ws_b, other.workspace_bytes(), stream);
+    } catch (const Error& e) {
+      other_msg = e.what();
+    }
+    report(other_msg == msg && other.aborted(),
+           "another Dcp on the same communicator throws it too: " + (other_msg.empty() ? "NO error" : other_msg));
 
     set_flag(1);  // the held kernel ends; what was queued behind it runs (NCCL's part is a copy at W = 1)
     const auto t2 = std::chrono::steady_clock::now();
@@ -327,7 +344,8 @@ int watchdog_main(const std::vector<uint8_t>& id) {
     report(sync == cudaSuccess && seconds_since(t2) < 5.0,
            std::string("after the release the stream drains: ") + cudaGetErrorString(sync));
     cudaFree(d_ws);
-  }  // ~Dcp joins the watchdog (its abort done)
+    cudaFree(d_ws_b);
+  }  // ~Dcp joins the watchdogs (the abort done)
   dist::destroy_comm(comm);  // already aborted (freed): skipped
   report(true, "Dcp destroyed and destroy_comm returned after the abort");
 
