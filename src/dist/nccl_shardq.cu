@@ -71,10 +71,11 @@ __global__ void ownership_base_kernel(const int32_t* cu, int R, int64_t T, int W
       for (int p = 0; p < kMaxWorld; ++p) scan[p][tid] += add[p];
       __syncthreads();
     }
-    if (r < R)
+    if (r < R) {
 #pragma unroll
       for (int p = 0; p < kMaxWorld; ++p)
         if (p < W) req_base[int64_t(r) * W + p] = int32_t(carry[p] + scan[p][tid] - own[p]);
+    }
     __syncthreads();
     if (tid < W) carry[tid] += scan[tid][kScanThreads - 1];
     __syncthreads();
