@@ -15,7 +15,7 @@
 // Both medians, their ratio (ShardQ / head-sharded; #22's target at W = 8: <= 0.35), and the bytes
 // each rank sends in the step's two all-to-alls (exact counts from the layout, no padding). From
 // those a predicted ShardQ step per W: attention + all-to-all bytes at the NCCL bandwidth measured
-// above for that W (or, without W GPUs, at --a2a-gbps, an assumption the line states) + the step's
+// above for that W (else at the largest W measured, else at --a2a-gbps, an assumption the line states) + the step's
 // four copies (pack q, assemble q, split out, unpack out) at the measured copy rate. The ceilings
 // of DESIGN.md §7 (cuBLAS bf16 GEMM, device-to-device copy) are measured first, in the same run.
 #include <cuda_runtime.h>
@@ -336,10 +336,17 @@ int bench_shardq(const Args& a, const ShardqSetup& st) {
                     W == 8 ? (ratio <= 0.35 ? " (<= 0.35: meets #22)" : " (> 0.35: misses #22's target)") : "",
                     b.q / 1e6, b.out / 1e6, b.lse / 1e6, b.total() / 1e6, repro.c_str());
         // The predicted ShardQ step of this W: attention + all-to-alls + the step's four copies.
+        // The bandwidth measured at this W, else at the largest W measured (a rank's NVLink rate to its
+        // peers hardly depends on how many share it), else the stated assumption.
         double gbps = double(st.a2a_gbps);
-        bool measured = false;
+        int measured_w = 0;
         for (const auto& [w, g] : measured_gbps)
-          if (w == W) gbps = g, measured = true;
+          if (measured_w != W && (w == W || w > measured_w)) gbps = g, measured_w = w;
+        const bool measured = measured_w > 0;
+        const std::string source = !measured ? "assumed: no multi-GPU run here; --a2a-gbps sets it"
+                                   : measured_w == W
+                                       ? "NCCL all-to-all measured on W GPUs in this run"
+                                       : "NCCL all-to-all measured on " + std::to_string(measured_w) + " GPUs in this run";
         const double local = double(T) * (H / W);  // (token, head) pairs each rank holds
         const double copies_ms = 4.0 * local * (kD * kQBytes + kLatentDim * kOutBytes) / (copy * 1e12) * 1e3;
         const double a2a_ms = b.total() / (gbps * 1e9) * 1e3;
@@ -347,8 +354,7 @@ int bench_shardq(const Args& a, const ShardqSetup& st) {
         std::printf("        predicted ShardQ step at W = %d: attention %.3f + all-to-alls %.3f (%.1f MB at %.0f GB/s, %s) "
                     "+ copies %.3f = %.3f ms vs head-sharded attention %.3f ms: ShardQ %s (%.2fx)\n",
                     W, sq.t.median, a2a_ms, b.total() / 1e6, gbps,
-                    measured ? "NCCL all-to-all measured on W GPUs in this run"
-                             : "assumed: no W-GPU run here; --a2a-gbps sets it",
+                    source.c_str(),
                     copies_ms, pred_ms, hs.t.median, pred_ms < hs.t.median ? "wins" : "loses", hs.t.median / pred_ms);
         std::fflush(stdout);  // a long run shows each case as it finishes
         char js[2048];
