@@ -382,6 +382,29 @@ void ShardQ::step(const ShardqStepArgs& a, void* workspace, size_t workspace_byt
                                                   (cfg.sink ? "on (pass sink [H], every head)" : "off"));
   const int64_t T = a.num_tokens, S = m.slots;
   const int W = cfg.world, H = cfg.num_heads, Hs = H / W, K = cfg.topk;
+  {  // out and lse are written while q, idx, counts, cu_seqlens and the workspace are read
+    struct Span {
+      const void* p;
+      size_t bytes;
+      const char* name;
+    };
+    auto overlap = [](const Span& x, const Span& y) {
+      const auto xb = reinterpret_cast<uintptr_t>(x.p), yb = reinterpret_cast<uintptr_t>(y.p);
+      return x.bytes && y.bytes && xb < yb + y.bytes && yb < xb + x.bytes;
+    };
+    const Span out_span{a.out, size_t(T) * size_t(m.out_row_bytes()), "out"};
+    const Span lse_span{a.lse, a.lse ? size_t(T) * Hs * sizeof(float) : 0, "lse"};
+    const Span inputs[] = {{a.q, size_t(T) * size_t(m.q_row_bytes()), "q"},
+                           {a.idx, size_t((T - 1) * idx_stride + K) * sizeof(int32_t), "idx"},
+                           {a.counts, a.counts ? size_t(T) * sizeof(int32_t) : 0, "counts"},
+                           {a.cu_seqlens, size_t(a.num_requests + 1) * sizeof(int32_t), "cu_seqlens"},
+                           {workspace, m.layout.bytes, "the workspace"}};
+    for (const Span& o : {out_span, lse_span})
+      for (const Span& i : inputs)
+        SMLA_CHECK(!overlap(o, i), std::string("ShardQ step: ") + o.name + " overlaps " + i.name +
+                                       "; outputs need memory of their own");
+    SMLA_CHECK(!overlap(out_span, lse_span), "ShardQ step: out overlaps lse; outputs need memory of their own");
+  }
   const ShardqWorkspace& L = m.layout;
   auto* status = part_of<int32_t>(workspace, L.status);
   auto* req_base = part_of<int32_t>(workspace, L.req_base);

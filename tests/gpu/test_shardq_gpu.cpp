@@ -315,6 +315,12 @@ TEST(ShardqGpu, BadInputRefusedBeforeAnythingRuns) {
   a = run.args;
   a.sink = run.lse.as<float>();
   EXPECT_ERROR_WITH(sq.step(a, ws.p, wsb, stream), "sink");
+  a = run.args;
+  a.out = const_cast<void*>(a.q);
+  EXPECT_ERROR_WITH(sq.step(a, ws.p, wsb, stream), "out overlaps q");
+  a = run.args;
+  a.lse = static_cast<float*>(ws.p) + 64;
+  EXPECT_ERROR_WITH(sq.step(a, ws.p, wsb, stream), "lse overlaps the workspace");
   CUDA_OK(cudaStreamSynchronize(stream));
   for (uint16_t b : run.out_bits()) ASSERT_EQ(b, 0xffff) << "a refused step wrote out";
 
