@@ -15,6 +15,7 @@
 #include <memory>
 #include <vector>
 
+#include "smla/support.h"
 #include "smla/types.h"
 
 namespace smla::dist {
@@ -109,7 +110,7 @@ struct ShardqConfig {
   int rope_dim = kRopeDim;
   KvFormat format = KvFormat::kBF16;
   DType q_dtype = DType::kBF16;  // bf16, fp16, or e4m3 (fp8 caches); out is fp16 for an fp16 q, else bf16
-  ScorePrecision score_precision = ScorePrecision::kBF16;
+  ScorePrecision score_precision = Geometry{}.score_precision;  // as a Plan's (smla/support.h)
   bool sink = false;         // the step takes sink [H] (all heads)
   int topk = 2048;           // K: capacity of idx rows
   int64_t max_tokens = 1;    // largest T of a step

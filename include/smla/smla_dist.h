@@ -25,7 +25,7 @@ typedef struct smla_shardq_config {
   int32_t rope_dim;        /* 64 or 0 */
   int32_t kv_format;       /* smla_kv_format */
   int32_t q_dtype;         /* smla_dtype: bf16, fp16 or e4m3; out is fp16 for an fp16 q, else bf16 */
-  int32_t score_precision; /* smla_score_precision */
+  int32_t score_precision; /* smla_score_precision (init: smla_plan_config_init's, the Plan's default) */
   int32_t sink;            /* 0 or 1: the step takes sink [H] */
   int32_t topk;            /* K */
   int32_t max_requests;    /* most requests in a step */
@@ -49,7 +49,7 @@ typedef struct smla_shardq_step_args {
   float* lse;                  /* nullable [T, H / W], natural log */
 } smla_shardq_step_args;
 
-/* Defaults: world 1, rank 0, H 128, rope 64, bf16 cache and q, bf16 scores, no sink, K 2048,
+/* Defaults: world 1, rank 0, H 128, rope 64, bf16 cache and q, a plan's default scores, no sink, K 2048,
  * 1 request, 1 token, timeout 10 s. */
 void smla_shardq_config_init(smla_shardq_config* cfg);
 /* Zeros, with q_scale = k_scale = 1. */

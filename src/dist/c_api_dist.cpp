@@ -8,6 +8,7 @@
 
 #include "api/c_guard.h"
 #include "smla/dist.h"
+#include "smla/support.h"
 
 struct smla_shardq {
 #if SMLA_HAVE_NCCL
@@ -30,14 +31,20 @@ smla::dist::ShardqConfig to_config(const smla_shardq_config& c) {
   SMLA_CHECK(c.kv_format >= 0 && c.kv_format <= 4, "kv_format must be an smla_kv_format (0..4); got " + std::to_string(c.kv_format));
   SMLA_CHECK(c.q_dtype == SMLA_BF16 || c.q_dtype == SMLA_FP16 || c.q_dtype == SMLA_E4M3,
              "q_dtype must be SMLA_BF16, SMLA_FP16 or SMLA_E4M3; got " + std::to_string(c.q_dtype));
-  SMLA_CHECK(c.score_precision == SMLA_SCORE_BF16 || c.score_precision == SMLA_SCORE_FP8,
+  // smla_plan_config_init's score precision means "the Plan's default" (smla::Geometry's), whatever it is.
+  smla_plan_config plan_defaults;
+  smla_plan_config_init(&plan_defaults);
+  const bool default_score = c.score_precision == plan_defaults.score_precision;
+  SMLA_CHECK(default_score || c.score_precision == SMLA_SCORE_BF16 || c.score_precision == SMLA_SCORE_FP8,
              "score_precision must be an smla_score_precision; got " + std::to_string(c.score_precision));
   SMLA_CHECK(c.sink == 0 || c.sink == 1, "sink must be 0 or 1; got " + std::to_string(c.sink));
   smla::dist::ShardqConfig cfg;
   cfg.world = c.world, cfg.rank = c.rank, cfg.num_heads = c.num_heads, cfg.rope_dim = c.rope_dim;
   cfg.format = smla::KvFormat(c.kv_format);
   cfg.q_dtype = c.q_dtype == SMLA_BF16 ? smla::DType::kBF16 : c.q_dtype == SMLA_FP16 ? smla::DType::kFP16 : smla::DType::kE4M3;
-  cfg.score_precision = c.score_precision == SMLA_SCORE_FP8 ? smla::ScorePrecision::kFP8 : smla::ScorePrecision::kBF16;
+  cfg.score_precision = default_score                         ? smla::Geometry{}.score_precision
+                        : c.score_precision == SMLA_SCORE_FP8 ? smla::ScorePrecision::kFP8
+                                                              : smla::ScorePrecision::kBF16;
   cfg.sink = c.sink != 0, cfg.topk = c.topk, cfg.max_tokens = c.max_tokens, cfg.max_requests = c.max_requests;
   cfg.timeout_ms = c.timeout_ms;
   return cfg;
@@ -65,8 +72,10 @@ extern "C" {
 void smla_shardq_config_init(smla_shardq_config* cfg) {
   if (!cfg) return;
   std::memset(cfg, 0, sizeof *cfg);
+  smla_plan_config plan_defaults;  // the score precision a plan gets by default
+  smla_plan_config_init(&plan_defaults);
   cfg->world = 1, cfg->num_heads = 128, cfg->rope_dim = 64, cfg->kv_format = SMLA_KV_BF16, cfg->q_dtype = SMLA_BF16;
-  cfg->score_precision = SMLA_SCORE_BF16, cfg->topk = 2048, cfg->max_requests = 1, cfg->max_tokens = 1;
+  cfg->score_precision = plan_defaults.score_precision, cfg->topk = 2048, cfg->max_requests = 1, cfg->max_tokens = 1;
   cfg->timeout_ms = 10000;
 }
 

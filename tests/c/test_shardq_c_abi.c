@@ -24,7 +24,9 @@ int main(void) {
   smla_shardq_config cfg;
   smla_shardq_config_init(&cfg);
   EXPECT(cfg.world == 1 && cfg.rank == 0 && cfg.num_heads == 128 && cfg.rope_dim == 64);
-  EXPECT(cfg.kv_format == SMLA_KV_BF16 && cfg.q_dtype == SMLA_BF16 && cfg.score_precision == SMLA_SCORE_BF16);
+  smla_plan_config plan_defaults;
+  smla_plan_config_init(&plan_defaults);
+  EXPECT(cfg.kv_format == SMLA_KV_BF16 && cfg.q_dtype == SMLA_BF16 && cfg.score_precision == plan_defaults.score_precision);
   EXPECT(cfg.sink == 0 && cfg.topk == 2048 && cfg.max_requests == 1 && cfg.max_tokens == 1 && cfg.timeout_ms == 10000);
   smla_shardq_step_args args;
   smla_shardq_step_args_init(&args);
@@ -42,6 +44,9 @@ int main(void) {
   smla_shardq_config_init(&cfg);
   cfg.q_dtype = SMLA_FP32;
   EXPECT(smla_shardq_create(NULL, &cfg, &sq) == SMLA_ERROR_INVALID_ARGUMENT && has("q_dtype"));
+  smla_shardq_config_init(&cfg);
+  cfg.score_precision = 7;
+  EXPECT(smla_shardq_create(NULL, &cfg, &sq) == SMLA_ERROR_INVALID_ARGUMENT && has("score_precision"));
 #else
   EXPECT(smla_shardq_create(NULL, &cfg, &sq) == SMLA_ERROR_UNSUPPORTED && has("no NCCL"));
   EXPECT(sq == NULL);

@@ -193,7 +193,8 @@ TEST_P(ShardqGpuFormats, WorldOneEqualsTheUnshardedCall) {
   // Planned for exactly this step (slots = T): the attention is the unsharded call with the same
   // plan, so out and lse equal Plan::run's bit for bit.
   {
-    dist::ShardQ sq(comm, test::shardq_config(c, 1, 0, format, c.T, int(c.lens.size())));
+    const auto cfg = test::shardq_config(c, 1, 0, format, c.T, int(c.lens.size()));
+    dist::ShardQ sq(comm, cfg);
     ASSERT_EQ(sq.slots(), c.T);
     Dev ws(sq.workspace_bytes());
     run.poison();
@@ -202,11 +203,12 @@ TEST_P(ShardqGpuFormats, WorldOneEqualsTheUnshardedCall) {
     PlanConfig pc;
     pc.geometry.num_heads = c.H, pc.geometry.format = format, pc.geometry.q_dtype = q_dtype, pc.geometry.topk = c.K;
     pc.geometry.lse_mode = LseMode::kBaseE, pc.max_rows = c.T, pc.backend = Backend::kCuda;
+    pc.geometry.score_precision = cfg.score_precision;  // the same score path as the ShardQ's plan
     const Plan plan(pc);
     Dev q_all(c.host.q), out(size_t(c.T) * c.H * 512 * 2), lse(size_t(c.T) * c.H * 4), pws(plan.workspace_bytes());
     SparseMlaParams p = c.host.params;
     p.q = q_all.p, p.idx = run.idx.as<int32_t>(), p.counts = run.counts.as<int32_t>(), p.kv = run.kv.p;
-    p.out = out.p, p.lse = lse.as<float>(), p.sink = nullptr;
+    p.out = out.p, p.lse = lse.as<float>(), p.sink = nullptr, p.score_precision = cfg.score_precision;
     plan.run(p, pws.p, plan.workspace_bytes(), stream);
     CUDA_OK(cudaStreamSynchronize(stream));
     EXPECT_TRUE(run.out_bits() == out.get<uint16_t>(size_t(c.T) * c.H * 512)) << "out differs from Plan::run";
