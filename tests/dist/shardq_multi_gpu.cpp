@@ -12,8 +12,9 @@
 //                                           step runs there with another device current, and a
 //                                           workspace one byte short is refused before anything
 //                                           is enqueued
-//   smla_shardq_multi_gpu --world W --fail  failure: rank 1 leaves after joining; rank 0's step must
-//                                           end in an error within the timeout, not hang
+//   smla_shardq_multi_gpu --world W --fail  failure (nonblocking communicator): rank 1 leaves after
+//                                           joining; rank 0's step must end in an error within the
+//                                           timeout, not hang
 //
 // Exit 0 on success, 1 on failure, 77 (CTest: skipped) when fewer than W GPUs are visible.
 #include <cuda_runtime.h>
@@ -140,7 +141,9 @@ void run_case(void* comm, int world, int rank, KvFormat format, DType q_dtype, b
 
 int rank_main(int world, int rank, const std::vector<uint8_t>& id, bool fail_mode) {
   if (cudaSetDevice(rank) != cudaSuccess) return 1;
-  void* comm = dist::make_comm(id, world, rank);
+  // The failure test asks for a nonblocking communicator, whose every call ShardQ bounds by its
+  // timeout (a peer lost during connection setup included), whatever make_comm's default is.
+  void* comm = fail_mode ? dist::make_comm(id, world, rank, 60000, /*nonblocking=*/true) : dist::make_comm(id, world, rank);
   Result res;
   if (!fail_mode) {
     const std::pair<KvFormat, DType> cases[] = {
