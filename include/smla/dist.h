@@ -1,4 +1,4 @@
-// smla/dist.h — decode context parallelism over NCCL (DESIGN.md §5).
+// smla/dist.h — decode context parallelism (DESIGN.md §5) and ShardQ prefill (§5b) over NCCL.
 //
 // One decode step on each rank: filter + convert the global top-k to this rank's local rows
 // (compacted, counted), all-gather q across heads, sparse attention with LSE for the gathered
@@ -31,6 +31,7 @@
 #include <memory>
 #include <vector>
 
+#include "smla/support.h"
 #include "smla/types.h"
 
 namespace smla::dist {
@@ -116,6 +117,90 @@ class Dcp {
   struct Timing { float comm_ms = 0, attn_ms = 0, total_ms = 0; };
   Timing last_timing() const;
   void enable_timing(bool on);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// ---- ShardQ prefill over NCCL (DESIGN.md §5b; the host rules in smla/shardq.h).
+//
+// Under tensor parallelism each of W ranks holds q for every token of the step with H / W heads and
+// the whole (replicated) latent cache. One step on every rank: the token -> (owner rank, slot) map
+// is computed on the device from cu_seqlens (zigzag, shardq::owner_rank); q is packed by owner and
+// exchanged (grouped ncclSend / ncclRecv); each rank assembles its tokens with all H heads and runs
+// the sparse attention over its `slots` planned token slots (unused slots have count 0: out 0,
+// cheap); the output (and LSE when asked) is split by heads, exchanged back and unpacked: every
+// rank ends with out [T, H / W, 512] for all T tokens. Buffers are padded to
+// slots = shardq::max_tokens_per_rank(max_tokens, W, max_requests) tokens per peer, so the host never
+// needs the step's per-rank token counts: step() reads no device memory, allocates nothing, never
+// synchronizes, and can be captured in a CUDA graph (one graph serves every cu_seqlens of the same
+// T and R). A malformed cu_seqlens (not starting at 0, decreasing, not ending at T) cannot be seen on
+// the host: the step then writes out 0 and LSE NaN, and wait() throws naming the fault.
+struct ShardqConfig {
+  int world = 1;             // W ranks
+  int rank = 0;
+  int num_heads = 128;       // H, all heads; a multiple of W (each rank holds H / W); <= 128
+  int rope_dim = kRopeDim;
+  KvFormat format = KvFormat::kBF16;
+  DType q_dtype = DType::kBF16;  // bf16, fp16, or e4m3 (fp8 caches); out is fp16 for an fp16 q, else bf16
+  ScorePrecision score_precision = Geometry{}.score_precision;  // as a Plan's (smla/support.h)
+  bool sink = false;         // the step takes sink [H] (all heads)
+  int topk = 2048;           // K: capacity of idx rows
+  int64_t max_tokens = 1;    // largest T of a step
+  int max_requests = 1;      // most requests in a step
+  int timeout_ms = 10000;    // as DcpConfig::timeout_ms
+};
+
+struct ShardqStepArgs {
+  int64_t num_tokens = 0;              // T: the same on every rank
+  int num_requests = 0;                // R: the same on every rank; >= 1 when T > 0
+  const int32_t* cu_seqlens = nullptr; // device [R + 1]: request i is tokens [cu[i], cu[i + 1]); cu[0] = 0, cu[R] = T
+  const void* q = nullptr;             // [T, H / W, D] q_dtype, dense, 16-byte aligned: this rank's heads
+  const int32_t* idx = nullptr;        // [T, K] physical rows of the replicated cache, -1 padded; row stride idx_stride_t
+  int64_t idx_stride_t = 0;            // 0: K
+  const int32_t* counts = nullptr;     // nullable [T]: valid entries per row (K when null)
+  const float* sink = nullptr;         // [H] fp32 when ShardqConfig::sink (every head: a rank attends them all)
+  const void* kv = nullptr;            // the replicated cache, row r at kv + r * kv_row_stride_bytes
+  int64_t num_rows = 0, kv_row_stride_bytes = 0;
+  float softmax_scale = 0.0f, q_scale = 1.0f, k_scale = 1.0f;
+  void* out = nullptr;                 // [T, H / W, 512] bf16 (fp16 for an fp16 q), dense, 16-byte aligned
+  float* lse = nullptr;                // nullable [T, H / W] fp32, natural log (exchanged only when given)
+};
+
+class ShardQ {
+ public:
+  // comm: an ncclComm_t of `cfg.world` ranks in which this process is `cfg.rank`. Checks the config,
+  // plans the attention (all H heads, `slots()` rows) for the communicator's device; allocates no
+  // device memory.
+  ShardQ(void* nccl_comm, const ShardqConfig& cfg);
+  ~ShardQ();
+  ShardQ(const ShardQ&) = delete;
+  ShardQ& operator=(const ShardQ&) = delete;
+
+  const ShardqConfig& config() const;
+  int device() const;      // the communicator's CUDA device
+  int64_t slots() const;   // tokens per rank planned: shardq::max_tokens_per_rank(max_tokens, W, max_requests)
+  // Bytes of device workspace step() needs: shardq_workspace(...).bytes of smla/workspace.h.
+  size_t workspace_bytes() const;
+
+  // One prefill step on `stream` (a cudaStream_t of device()). Every rank calls it with the same T,
+  // R and cu_seqlens values. workspace: as Dcp::step. Validates on the host before enqueuing anything.
+  void step(const ShardqStepArgs& args, void* workspace, size_t workspace_bytes, void* stream);
+
+  // Waits for `stream` as Dcp::wait does (an NCCL error or a step past timeout_ms aborts the
+  // communicator and throws), then reads the status the last step's ownership kernel left in its
+  // workspace and throws if cu_seqlens was malformed.
+  void wait(void* stream, int timeout_ms);
+
+  // Milliseconds of the last step's parts (events; for the benchmark): the two all-to-alls (NCCL
+  // only), the attention, and the rest (ownership, packing, assembly, unpacking).
+  struct Timing { float a2a_q_ms = 0, a2a_out_ms = 0, attn_ms = 0, other_ms = 0, total_ms = 0; };
+  Timing last_timing() const;
+  void enable_timing(bool on);
+  // Bytes this rank sends (and receives) per step in each all-to-all, peers' padded slots included.
+  size_t a2a_q_bytes() const;
+  size_t a2a_out_bytes(bool with_lse) const;
 
  private:
   struct Impl;

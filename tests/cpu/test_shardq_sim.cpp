@@ -14,6 +14,7 @@
 #include "smla/numeric.h"
 #include "reference/sparse_mla.h"
 #include "smla/shardq.h"
+#include "dist/shardq_rule.h"
 
 namespace {
 
@@ -193,6 +194,47 @@ TEST(ShardqSimEdge, EmptyStepAndBadShapes) {
   std::vector<float> out2(size_t(4 * 6 * 512)), lse2(size_t(4 * 6));
   EXPECT_THROW(shardq::simulate_prefill(p2, {4}, 4, out2.data(), lse2.data()), Error);  // H = 6, W = 4
   EXPECT_THROW(shardq::simulate_prefill(p2, {3}, 2, out2.data(), lse2.data()), Error);  // lengths != T
+}
+
+// The arithmetic the NCCL step's ownership kernels run (dist/shardq_rule.h, compiled for host and
+// device) against the host spec: owner of every token, its index among the owner's tokens of the
+// request, and each rank's count; then the slots it gives (earlier requests' counts + index) equal
+// the slot order of shardq::make_layout, for W = 1..8 and random batches with short and empty
+// requests.
+TEST(ShardqDeviceRule, MatchesTheHostOwnershipAndSlots) {
+  for (int world = 1; world <= 8; ++world)
+    for (int64_t n = 0; n <= 70; ++n) {
+      std::vector<int64_t> seen(size_t(world), 0);
+      for (int64_t j = 0; j < n; ++j) {
+        int owner = -1;
+        int64_t index = -1;
+        dist::detail::shardq_owner_of(j, n, world, &owner, &index);
+        ASSERT_EQ(owner, shardq::owner_rank(j, n, world)) << "n " << n << " W " << world << " j " << j;
+        ASSERT_EQ(index, seen[size_t(owner)]++) << "n " << n << " W " << world << " j " << j;  // ascending, no gaps
+      }
+      for (int p = 0; p < world; ++p) ASSERT_EQ(dist::detail::shardq_owned_count(n, world, p), seen[size_t(p)]);
+    }
+  std::mt19937_64 rng(11);
+  for (int trial = 0; trial < 300; ++trial) {
+    const int world = 1 + int(rng() % 8);
+    std::vector<int64_t> lens(size_t(1 + rng() % 8));
+    for (auto& n : lens) n = (rng() % 3 == 0) ? int64_t(rng() % 4) : int64_t(rng() % 200);
+    const auto l = shardq::make_layout(lens, world);
+    std::vector<int64_t> base(size_t(world), 0);  // slots taken by earlier requests, per rank
+    int64_t start = 0;
+    for (int64_t n : lens) {
+      for (int64_t j = 0; j < n; ++j) {
+        int owner = -1;
+        int64_t index = -1;
+        dist::detail::shardq_owner_of(j, n, world, &owner, &index);
+        const int64_t slot = base[size_t(owner)] + index;
+        ASSERT_LT(slot, int64_t(l.rank_tokens[size_t(owner)].size()));
+        ASSERT_EQ(l.rank_tokens[size_t(owner)][size_t(slot)], start + j) << "trial " << trial;
+      }
+      for (int p = 0; p < world; ++p) base[size_t(p)] += dist::detail::shardq_owned_count(n, world, p);
+      start += n;
+    }
+  }
 }
 
 }  // namespace
