@@ -10,13 +10,15 @@
 // CUDA graph. NCCL types stay out of this header: the communicator travels as void* (an ncclComm_t).
 // Everything runs on the communicator's CUDA device, whichever device is current.
 //
-// Failure (a rank that stops taking part). Each Dcp owns a watchdog thread (started by the
-// constructor, joined by the destructor) that polls nothing in the step. It aborts the
+// Failure (a rank that stops taking part). Each Dcp (and each ShardQ, below) owns a watchdog thread
+// (started by the constructor, joined by the destructor) that polls nothing in the step. It aborts the
 // communicator (ncclCommAbort, which also ends NCCL kernels still waiting on the GPU) when a step
 // has not finished timeout_ms after step() enqueued it (it looks every min(timeout_ms / 8, 100) ms,
 // so the error comes within timeout_ms plus that), or when NCCL reports an asynchronous error;
 // the caller's stream synchronization then returns, and the next step() or wait() throws
-// "DCP: rank r: ... did not finish within N ms ...; the communicator was aborted". A host thread
+// "DCP: rank r: ... did not finish within N ms ...; the communicator was aborted" ("ShardQ: rank r:
+// ..." for a ShardQ step). Step objects on one communicator (a Dcp and a ShardQ) share its fate: once
+// one aborted it, every one's next step() or wait() throws that first error. A host thread
 // stuck inside a call of a *blocking* communicator (connection setup to a dead peer) cannot be
 // aborted from another thread (NCCL's thread-safety rule): after timeout_ms the watchdog writes the
 // reason to stderr and terminates the process (terminate_on_stuck_call), or leaves the call to
@@ -136,7 +138,10 @@ class Dcp {
 // needs the step's per-rank token counts: step() reads no device memory, allocates nothing, never
 // synchronizes, and can be captured in a CUDA graph (one graph serves every cu_seqlens of the same
 // T and R). A malformed cu_seqlens (not starting at 0, decreasing, not ending at T) cannot be seen on
-// the host: the step then writes out 0 and LSE NaN, and wait() throws naming the fault.
+// the host: the step then writes out 0 and LSE NaN, and wait() throws naming the fault. A rank that
+// stops taking part is handled as for Dcp (the failure paragraph at the top): the ShardQ's watchdog
+// thread aborts the communicator when a step has not finished timeout_ms after step() enqueued it,
+// and the next step() or wait() throws "ShardQ: rank r: ...; the communicator was aborted".
 struct ShardqConfig {
   int world = 1;             // W ranks
   int rank = 0;
@@ -149,8 +154,17 @@ struct ShardqConfig {
   int topk = 2048;           // K: capacity of idx rows
   int64_t max_tokens = 1;    // largest T of a step
   int max_requests = 1;      // most requests in a step
-  int timeout_ms = 10000;    // as DcpConfig::timeout_ms
+  int timeout_ms = 10000;    // as DcpConfig::timeout_ms: the longest time from step() until the step has finished
+  bool watchdog = true;      // as DcpConfig::watchdog (off: no thread, no per-step event; only wait() bounds a step)
+  bool terminate_on_stuck_call = true;  // as DcpConfig::terminate_on_stuck_call (blocking communicator only)
 };
+
+// Checks a ShardqConfig on the host (no device, no NCCL): world in [1, 16], rank in [0, world),
+// num_heads in [1, 128] and a multiple of world, q bf16, fp16 or e4m3, topk >= 1, max_tokens >= 1 with
+// max_tokens * world < 2^31, max_requests >= 1, timeout_ms >= 1. Throws Error naming the field and the
+// fix. ShardQ's constructor calls it.
+inline constexpr int kMaxShardqWorld = 16;
+void check_config(const ShardqConfig& cfg);
 
 struct ShardqStepArgs {
   int64_t num_tokens = 0;              // T: the same on every rank
@@ -188,10 +202,14 @@ class ShardQ {
   // R and cu_seqlens values. workspace: as Dcp::step. Validates on the host before enqueuing anything.
   void step(const ShardqStepArgs& args, void* workspace, size_t workspace_bytes, void* stream);
 
-  // Waits for `stream` as Dcp::wait does (an NCCL error or a step past timeout_ms aborts the
-  // communicator and throws), then reads the status the last step's ownership kernel left in its
-  // workspace and throws if cu_seqlens was malformed.
+  // Waits for `stream` as Dcp::wait does (an NCCL error, the watchdog's abort, or a step past
+  // timeout_ms aborts the communicator and throws), then reads the status the last step's ownership
+  // kernel left in its workspace and throws if cu_seqlens was malformed (the communicator stays usable).
   void wait(void* stream, int timeout_ms);
+
+  // True once the communicator was aborted (by this ShardQ, or by another step object on it): as
+  // Dcp::aborted, make a new communicator and a new ShardQ; every later step() and wait() throws.
+  bool aborted() const;
 
   // Milliseconds of the last step's parts (events; for the benchmark): the two all-to-alls (NCCL
   // only), the attention, and the rest (ownership, packing, assembly, unpacking).
@@ -209,11 +227,12 @@ class ShardQ {
 
 // Helpers for tests and the CLI: a unique id (NCCL_UNIQUE_ID_BYTES bytes) made by one process and
 // handed to all, and a communicator from it (on the current device). By default the communicator
-// is blocking: NCCL calls enqueue without host polling and Dcp's watchdog bounds a lost peer (see
-// above). nonblocking = true: every call returns at once and is polled against DcpConfig::timeout_ms,
+// is blocking: NCCL calls enqueue without host polling and the step's watchdog (Dcp's, ShardQ's)
+// bounds a lost peer (see above). nonblocking = true: every call returns at once and is polled against
+// the step's timeout_ms,
 // the one mode in which connection setup to a lost peer (and this init, bounded by timeout_ms here)
 // ends in an exception rather than in NCCL's own timeout (~60 s measured) or process termination.
-// destroy_comm skips a communicator that Dcp aborted (already freed).
+// destroy_comm skips a communicator that a Dcp or ShardQ aborted (already freed).
 std::vector<uint8_t> make_unique_id();
 void* make_comm(const std::vector<uint8_t>& unique_id, int world, int rank, int timeout_ms = 60000,
                 bool nonblocking = false);

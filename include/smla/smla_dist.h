@@ -30,7 +30,11 @@ typedef struct smla_shardq_config {
   int32_t topk;            /* K */
   int32_t max_requests;    /* most requests in a step */
   int64_t max_tokens;      /* largest T of a step */
-  int32_t timeout_ms;      /* a peer that stops taking part gives an error after this long */
+  int32_t timeout_ms;      /* a peer that stops taking part gives an error after this long (from the step's enqueue) */
+  int32_t watchdog;        /* 0 or 1 (init 1): the handle's watchdog thread aborts the communicator when a step has
+                              not finished timeout_ms after smla_shardq_step; 0: only smla_shardq_wait bounds a step */
+  int32_t terminate_on_stuck_call; /* 0 or 1 (init 1): on a blocking communicator, a host call stuck in NCCL past
+                              timeout_ms ends the process (reason on stderr) instead of waiting for NCCL's timeouts */
 } smla_shardq_config;
 
 typedef struct smla_shardq_step_args {
@@ -50,7 +54,7 @@ typedef struct smla_shardq_step_args {
 } smla_shardq_step_args;
 
 /* Defaults: world 1, rank 0, H 128, rope 64, bf16 cache and q, a plan's default scores, no sink, K 2048,
- * 1 request, 1 token, timeout 10 s. */
+ * 1 request, 1 token, timeout 10 s, watchdog on, terminate_on_stuck_call on (as smla::dist::ShardqConfig). */
 void smla_shardq_config_init(smla_shardq_config* cfg);
 /* Zeros, with q_scale = k_scale = 1. */
 void smla_shardq_step_args_init(smla_shardq_step_args* args);
@@ -62,8 +66,12 @@ smla_status smla_shardq_slots(const smla_shardq* sq, int64_t* out_slots);
 /* Enqueues one step on `stream` (a cudaStream_t); allocation-free, legal in CUDA-graph capture. */
 smla_status smla_shardq_step(smla_shardq* sq, const smla_shardq_step_args* args, void* workspace,
                              size_t workspace_bytes, void* stream);
-/* Waits for `stream`; an NCCL error, a step past timeout_ms or a malformed cu_seqlens is an error. */
+/* Waits for `stream`; an NCCL error, the watchdog's abort, a step past timeout_ms or a malformed cu_seqlens
+ * is an error. */
 smla_status smla_shardq_wait(smla_shardq* sq, void* stream, int32_t timeout_ms);
+/* *out_aborted = 1 once the communicator was aborted (a peer stopped taking part): every later step and wait
+ * fails; make a new communicator and handle. ncclCommAbort freed the aborted one: do not ncclCommDestroy it. */
+smla_status smla_shardq_aborted(const smla_shardq* sq, int32_t* out_aborted);
 
 #ifdef __cplusplus
 }

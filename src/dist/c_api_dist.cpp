@@ -38,6 +38,9 @@ smla::dist::ShardqConfig to_config(const smla_shardq_config& c) {
   SMLA_CHECK(default_score || c.score_precision == SMLA_SCORE_BF16 || c.score_precision == SMLA_SCORE_FP8,
              "score_precision must be an smla_score_precision; got " + std::to_string(c.score_precision));
   SMLA_CHECK(c.sink == 0 || c.sink == 1, "sink must be 0 or 1; got " + std::to_string(c.sink));
+  SMLA_CHECK(c.watchdog == 0 || c.watchdog == 1, "watchdog must be 0 or 1; got " + std::to_string(c.watchdog));
+  SMLA_CHECK(c.terminate_on_stuck_call == 0 || c.terminate_on_stuck_call == 1,
+             "terminate_on_stuck_call must be 0 or 1; got " + std::to_string(c.terminate_on_stuck_call));
   smla::dist::ShardqConfig cfg;
   cfg.world = c.world, cfg.rank = c.rank, cfg.num_heads = c.num_heads, cfg.rope_dim = c.rope_dim;
   cfg.format = smla::KvFormat(c.kv_format);
@@ -46,7 +49,7 @@ smla::dist::ShardqConfig to_config(const smla_shardq_config& c) {
                         : c.score_precision == SMLA_SCORE_FP8 ? smla::ScorePrecision::kFP8
                                                               : smla::ScorePrecision::kBF16;
   cfg.sink = c.sink != 0, cfg.topk = c.topk, cfg.max_tokens = c.max_tokens, cfg.max_requests = c.max_requests;
-  cfg.timeout_ms = c.timeout_ms;
+  cfg.timeout_ms = c.timeout_ms, cfg.watchdog = c.watchdog != 0, cfg.terminate_on_stuck_call = c.terminate_on_stuck_call != 0;
   return cfg;
 }
 
@@ -76,7 +79,9 @@ void smla_shardq_config_init(smla_shardq_config* cfg) {
   smla_plan_config_init(&plan_defaults);
   cfg->world = 1, cfg->num_heads = 128, cfg->rope_dim = 64, cfg->kv_format = SMLA_KV_BF16, cfg->q_dtype = SMLA_BF16;
   cfg->score_precision = plan_defaults.score_precision, cfg->topk = 2048, cfg->max_requests = 1, cfg->max_tokens = 1;
-  cfg->timeout_ms = 10000;
+  const smla::dist::ShardqConfig defaults;
+  cfg->timeout_ms = defaults.timeout_ms, cfg->watchdog = defaults.watchdog ? 1 : 0;
+  cfg->terminate_on_stuck_call = defaults.terminate_on_stuck_call ? 1 : 0;
 }
 
 void smla_shardq_step_args_init(smla_shardq_step_args* args) {
@@ -151,6 +156,19 @@ smla_status smla_shardq_wait(smla_shardq* sq, void* stream, int32_t timeout_ms) 
     h.sq->wait(stream, timeout_ms);
 #else
     (void)h, (void)stream, (void)timeout_ms;
+#endif
+  });
+}
+
+smla_status smla_shardq_aborted(const smla_shardq* sq, int32_t* out_aborted) {
+  return guarded([&] {
+    SMLA_CHECK(out_aborted != nullptr, "out_aborted is null");
+    auto& h = handle(const_cast<smla_shardq*>(sq));
+    require_nccl();
+#if SMLA_HAVE_NCCL
+    *out_aborted = h.sq->aborted() ? 1 : 0;
+#else
+    (void)h;
 #endif
   });
 }

@@ -14,10 +14,9 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
-#include <chrono>
 #include <cstring>
+#include <mutex>
 #include <string>
-#include <thread>
 
 #include "smla/dist.h"
 #include "smla/engine.h"
@@ -25,6 +24,7 @@
 #include "smla/shardq.h"
 #include "smla/workspace.h"
 #include "dist/nccl_common.h"
+#include "dist/nccl_watchdog.h"
 #include "dist/shardq_device.h"
 #include "dist/shardq_rule.h"
 
@@ -203,10 +203,9 @@ void shardq_ownership(const int32_t* cu_seqlens, int num_requests, int64_t num_t
 namespace {
 
 using detail::check_cuda;
-using detail::check_nccl;
 using detail::DeviceScope;
 using detail::part_of;
-using detail::settle;
+using detail::settle;  // the constructor's queries (no watchdog yet); the step's calls use CommWatchdog::call
 
 constexpr int kMaxWorld = 16;
 
@@ -215,20 +214,16 @@ std::string s_(int64_t v) { return std::to_string(v); }
 DType out_dtype_of(DType q) { return q == DType::kFP16 ? DType::kFP16 : DType::kBF16; }
 
 ShardqConfig checked(const ShardqConfig& c) {
-  SMLA_CHECK(c.world >= 1 && c.world <= kMaxWorld, "ShardQ: world must be in [1, 16]; got " + s_(c.world));
-  SMLA_CHECK(c.rank >= 0 && c.rank < c.world, "ShardQ: rank must be in [0, world); got " + s_(c.rank));
-  SMLA_CHECK(c.num_heads >= 1 && c.num_heads <= kMaxNativeHeads,
-             "ShardQ: num_heads (H, all heads) must be in [1, 128]; got " + s_(c.num_heads));
-  SMLA_CHECK(c.num_heads % c.world == 0, "ShardQ: num_heads H = " + s_(c.num_heads) + " must be a multiple of world W = " +
-                                             s_(c.world) + " (each rank holds H / W heads)");
-  SMLA_CHECK(c.q_dtype == DType::kBF16 || c.q_dtype == DType::kFP16 || c.q_dtype == DType::kE4M3,
-             "ShardQ: q must be bf16, fp16 or e4m3");
-  SMLA_CHECK(c.topk >= 1, "ShardQ: topk must be >= 1");
-  SMLA_CHECK(c.max_tokens >= 1 && c.max_tokens * c.world < (int64_t(1) << 31),
-             "ShardQ: max_tokens must be >= 1 and max_tokens * world < 2^31; got " + s_(c.max_tokens));
-  SMLA_CHECK(c.max_requests >= 1, "ShardQ: max_requests must be >= 1; got " + s_(c.max_requests));
-  SMLA_CHECK(c.timeout_ms >= 1, "ShardQ: timeout_ms must be >= 1");
+  static_assert(kMaxWorld == kMaxShardqWorld, "the ownership kernel's rank arrays hold kMaxShardqWorld ranks");
+  check_config(c);
   return c;
+}
+
+detail::WatchdogConfig watchdog_config(const ShardqConfig& cfg) {
+  detail::WatchdogConfig w;
+  w.who = "ShardQ", w.rank = cfg.rank, w.timeout_ms = cfg.timeout_ms;
+  w.terminate_on_stuck_call = cfg.terminate_on_stuck_call, w.watch_steps = cfg.watchdog;
+  return w;
 }
 
 PlanConfig attention_plan_config(const ShardqConfig& c, int64_t slots, int device) {
@@ -250,6 +245,9 @@ PlanConfig attention_plan_config(const ShardqConfig& c, int64_t slots, int devic
 int comm_device(void* nccl_comm, const ShardqConfig& cfg) {
   SMLA_CHECK(nccl_comm != nullptr, "ShardQ: the NCCL communicator is null");
   auto comm = static_cast<ncclComm_t>(nccl_comm);
+  // [R1] of dist/nccl_watchdog.h: another step object's watchdog may be using this communicator.
+  const auto state = detail::comm_state(comm);
+  std::lock_guard<std::mutex> lock(state->call_mu);
   int n = 0, r = 0, dev = -1;
   settle(comm, ncclCommCount(comm, &n), "ncclCommCount", cfg.timeout_ms);
   settle(comm, ncclCommUserRank(comm, &r), "ncclCommUserRank", cfg.timeout_ms);
@@ -260,26 +258,27 @@ int comm_device(void* nccl_comm, const ShardqConfig& cfg) {
   return dev;
 }
 
-// Grouped send / recv of one (or two) buffers of W blocks, block p to and from peer p.
-void all_to_all(ncclComm_t comm, const void* send, void* recv, size_t block_bytes, const void* send2, void* recv2,
-                size_t block2_bytes, int W, cudaStream_t stream, const char* what, int timeout_ms) {
-  check_nccl(ncclGroupStart(), "ncclGroupStart");
-  for (int p = 0; p < W; ++p) {
-    check_nccl(ncclSend(static_cast<const uint8_t*>(send) + size_t(p) * block_bytes, block_bytes, ncclUint8, p, comm,
-                        stream),
-               "ncclSend");
-    check_nccl(ncclRecv(static_cast<uint8_t*>(recv) + size_t(p) * block_bytes, block_bytes, ncclUint8, p, comm, stream),
-               "ncclRecv");
-    if (send2) {
-      check_nccl(ncclSend(static_cast<const uint8_t*>(send2) + size_t(p) * block2_bytes, block2_bytes, ncclUint8, p,
-                          comm, stream),
-                 "ncclSend");
-      check_nccl(ncclRecv(static_cast<uint8_t*>(recv2) + size_t(p) * block2_bytes, block2_bytes, ncclUint8, p, comm,
-                          stream),
-                 "ncclRecv");
+// Grouped send / recv of one (or two) buffers of W blocks, block p to and from peer p: one guarded
+// call of the watchdog [R1] (the group is closed whatever a send or recv answers).
+void all_to_all(detail::CommWatchdog& wd, const void* send, void* recv, size_t block_bytes, const void* send2,
+                void* recv2, size_t block2_bytes, int W, cudaStream_t stream, const char* what) {
+  const ncclComm_t comm = wd.comm();
+  wd.call(what, [&] {
+    ncclResult_t r = ncclGroupStart();
+    if (r != ncclSuccess) return r;
+    for (int p = 0; p < W && r == ncclSuccess; ++p) {
+      r = ncclSend(static_cast<const uint8_t*>(send) + size_t(p) * block_bytes, block_bytes, ncclUint8, p, comm, stream);
+      if (r == ncclSuccess)
+        r = ncclRecv(static_cast<uint8_t*>(recv) + size_t(p) * block_bytes, block_bytes, ncclUint8, p, comm, stream);
+      if (send2 && r == ncclSuccess)
+        r = ncclSend(static_cast<const uint8_t*>(send2) + size_t(p) * block2_bytes, block2_bytes, ncclUint8, p, comm,
+                     stream);
+      if (send2 && r == ncclSuccess)
+        r = ncclRecv(static_cast<uint8_t*>(recv2) + size_t(p) * block2_bytes, block2_bytes, ncclUint8, p, comm, stream);
     }
-  }
-  settle(comm, ncclGroupEnd(), what, timeout_ms);
+    const ncclResult_t end = ncclGroupEnd();
+    return r != ncclSuccess ? r : end;
+  });
 }
 
 }  // namespace
@@ -291,7 +290,8 @@ struct ShardQ::Impl {
         device(comm_device(nccl_comm, cfg)),
         slots(shardq::max_tokens_per_rank(cfg.max_tokens, cfg.world, cfg.max_requests)),
         out_dtype(out_dtype_of(cfg.q_dtype)),
-        attention(attention_plan_config(cfg, slots, device)) {
+        attention(attention_plan_config(cfg, slots, device)),
+        wd(comm, device, watchdog_config(cfg)) {
     ShardqWorkspaceShape shape;
     shape.world = cfg.world, shape.num_heads = cfg.num_heads, shape.rope_dim = cfg.rope_dim;
     shape.q_dtype = cfg.q_dtype, shape.out_dtype = out_dtype, shape.topk = cfg.topk;
@@ -309,6 +309,10 @@ struct ShardQ::Impl {
   const int32_t* last_status = nullptr;  // the last enqueued step's status word (read by wait())
   bool timing = false;
   cudaEvent_t ev[8] = {};
+  // Last member: its thread stops first. Every NCCL call of a step goes through it (one lock per
+  // communicator, the host's time inside visible), and it aborts the communicator when a step does
+  // not finish (dist/nccl_watchdog.h).
+  detail::CommWatchdog wd;
 
   int64_t q_row_bytes() const {  // one token, one rank's heads of q
     return int64_t(cfg.num_heads / cfg.world) * (kLatentDim + cfg.rope_dim) * dtype_bytes(cfg.q_dtype);
@@ -354,6 +358,7 @@ void ShardQ::step(const ShardqStepArgs& a, void* workspace, size_t workspace_byt
   auto& m = *impl_;
   const auto& cfg = m.cfg;
   auto stream = static_cast<cudaStream_t>(stream_ptr);
+  m.wd.check();  // after an abort every step throws the recorded failure
   SMLA_CHECK(a.num_tokens >= 0 && a.num_tokens <= cfg.max_tokens,
              "ShardQ step: T = " + s_(a.num_tokens) + " must be in [0, max_tokens = " + s_(cfg.max_tokens) +
                  "]; plan a ShardQ with a larger max_tokens");
@@ -433,7 +438,6 @@ void ShardQ::step(const ShardqStepArgs& a, void* workspace, size_t workspace_byt
   const int q_vecs = int(m.q_row_bytes() / 16), o_vecs = int(m.out_row_bytes() / 16);  // multiples of 16 bytes
   const size_t q_block = size_t(S) * size_t(m.q_row_bytes()), o_block = size_t(S) * size_t(m.out_row_bytes());
   const bool with_lse = a.lse != nullptr;
-  const int tmo = cfg.timeout_ms;
   auto mark = [&](int i) {
     if (m.timing) check_cuda(cudaEventRecord(m.ev[i], stream), "cudaEventRecord");
   };
@@ -448,7 +452,8 @@ void ShardQ::step(const ShardqStepArgs& a, void* workspace, size_t workspace_byt
   check_cuda(cudaGetLastError(), "pack_q_kernel");
   m.last_status = status;
   mark(1);
-  all_to_all(m.comm, ex_a, ex_b, q_block, nullptr, nullptr, 0, W, stream, "the all-to-all of q (ncclGroupEnd)", tmo);
+  // No host polling here: the watchdog bounds each call and the step's completion (dist/nccl_watchdog.h).
+  all_to_all(m.wd, ex_a, ex_b, q_block, nullptr, nullptr, 0, W, stream, "the all-to-all of q (ncclGroupEnd)");
   mark(2);
   detail::assemble_q_kernel<<<dim3(unsigned(S), unsigned(W)), 128, 0, stream>>>(ex_b, slot_token, q_full, S, q_vecs);
   check_cuda(cudaGetLastError(), "assemble_q_kernel");
@@ -459,8 +464,11 @@ void ShardQ::step(const ShardqStepArgs& a, void* workspace, size_t workspace_byt
       ex_a, lse_full, slot_token, ex_b, with_lse ? lse_send : nullptr, S, Hs, o_vecs);
   check_cuda(cudaGetLastError(), "split_out_kernel");
   mark(5);
-  all_to_all(m.comm, ex_b, ex_a, o_block, with_lse ? lse_send : nullptr, lse_recv, size_t(S) * Hs * sizeof(float), W,
-             stream, "the all-to-all of out (ncclGroupEnd)", tmo);
+  all_to_all(m.wd, ex_b, ex_a, o_block, with_lse ? lse_send : nullptr, lse_recv, size_t(S) * Hs * sizeof(float), W,
+             stream, "the all-to-all of out (ncclGroupEnd)");
+  // After the step's last NCCL operation (the host's event record overlaps the GPU's all-to-all):
+  // the watchdog aborts the communicator if the stream has not got here within timeout_ms.
+  m.wd.step_enqueued(stream);
   mark(6);
   detail::unpack_out_kernel<<<unsigned(T), 128, 0, stream>>>(ex_a, lse_recv, dest, static_cast<uint4*>(a.out), a.lse,
                                                              Hs, o_vecs);
@@ -469,29 +477,12 @@ void ShardQ::step(const ShardqStepArgs& a, void* workspace, size_t workspace_byt
 }
 
 void ShardQ::wait(void* stream_ptr, int timeout_ms) {
+  SMLA_CHECK(timeout_ms >= 1, "ShardQ::wait: timeout_ms must be >= 1; got " + s_(timeout_ms));
   auto& m = *impl_;
   auto stream = static_cast<cudaStream_t>(stream_ptr);
   DeviceScope on(m.device);
-  const auto t0 = std::chrono::steady_clock::now();
-  for (;;) {
-    ncclResult_t async_err = ncclSuccess;
-    check_nccl(ncclCommGetAsyncError(m.comm, &async_err), "ncclCommGetAsyncError");
-    if (async_err != ncclSuccess && async_err != ncclInProgress) {
-      ncclCommAbort(m.comm);
-      fail("ShardQ: NCCL reported an error on rank " + s_(m.cfg.rank) + ": " + ncclGetErrorString(async_err) +
-           "; the communicator was aborted");
-    }
-    const cudaError_t q = cudaStreamQuery(stream);
-    if (q == cudaSuccess) break;
-    if (q != cudaErrorNotReady) check_cuda(q, "the ShardQ step");
-    const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
-    if (waited > timeout_ms) {
-      ncclCommAbort(m.comm);
-      fail("ShardQ: the step did not finish within " + s_(timeout_ms) + " ms on rank " + s_(m.cfg.rank) +
-           " (a peer stopped taking part?); the communicator was aborted");
-    }
-    std::this_thread::sleep_for(std::chrono::microseconds(200));
-  }
+  m.wd.wait(stream, timeout_ms);  // NCCL's asynchronous error, the watchdog's abort, or timeout_ms: throws
+  // The stream is done: the last step's own fault (a malformed cu_seqlens), seen only on the device.
   if (!m.last_status) return;
   int32_t status = 0;
   check_cuda(cudaMemcpyAsync(&status, m.last_status, sizeof(status), cudaMemcpyDeviceToHost, stream),
@@ -506,5 +497,7 @@ void ShardQ::wait(void* stream_ptr, int timeout_ms) {
   fail("ShardQ step on rank " + s_(m.cfg.rank) + ": bad cu_seqlens:" + why +
        " it must be [R + 1] non-decreasing int32 from 0 to T (out was written as 0, lse as NaN)");
 }
+
+bool ShardQ::aborted() const { return impl_->wd.aborted(); }
 
 }  // namespace smla::dist

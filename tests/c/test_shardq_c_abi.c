@@ -28,6 +28,7 @@ int main(void) {
   smla_plan_config_init(&plan_defaults);
   EXPECT(cfg.kv_format == SMLA_KV_BF16 && cfg.q_dtype == SMLA_BF16 && cfg.score_precision == plan_defaults.score_precision);
   EXPECT(cfg.sink == 0 && cfg.topk == 2048 && cfg.max_requests == 1 && cfg.max_tokens == 1 && cfg.timeout_ms == 10000);
+  EXPECT(cfg.watchdog == 1 && cfg.terminate_on_stuck_call == 1);
   smla_shardq_step_args args;
   smla_shardq_step_args_init(&args);
   EXPECT(args.num_tokens == 0 && args.q == NULL && args.q_scale == 1.0f && args.k_scale == 1.0f);
@@ -47,6 +48,16 @@ int main(void) {
   smla_shardq_config_init(&cfg);
   cfg.score_precision = 7;
   EXPECT(smla_shardq_create(NULL, &cfg, &sq) == SMLA_ERROR_INVALID_ARGUMENT && has("score_precision"));
+  smla_shardq_config_init(&cfg);
+  cfg.watchdog = 2;
+  EXPECT(smla_shardq_create(NULL, &cfg, &sq) == SMLA_ERROR_INVALID_ARGUMENT && has("watchdog must be 0 or 1"));
+  smla_shardq_config_init(&cfg);
+  cfg.terminate_on_stuck_call = -1;
+  EXPECT(smla_shardq_create(NULL, &cfg, &sq) == SMLA_ERROR_INVALID_ARGUMENT && has("terminate_on_stuck_call"));
+  smla_shardq_config_init(&cfg);
+  cfg.timeout_ms = 0;
+  EXPECT(smla_shardq_create(NULL, &cfg, &sq) == SMLA_ERROR_INVALID_ARGUMENT && has("timeout_ms"));
+  smla_shardq_config_init(&cfg);
 #else
   EXPECT(smla_shardq_create(NULL, &cfg, &sq) == SMLA_ERROR_UNSUPPORTED && has("no NCCL"));
   EXPECT(sq == NULL);
@@ -59,6 +70,9 @@ int main(void) {
   EXPECT(smla_shardq_slots(NULL, &slots) == SMLA_ERROR_INVALID_ARGUMENT && has("handle is null"));
   EXPECT(smla_shardq_step(NULL, &args, NULL, 0, NULL) == SMLA_ERROR_INVALID_ARGUMENT && has("handle is null"));
   EXPECT(smla_shardq_wait(NULL, NULL, 100) == SMLA_ERROR_INVALID_ARGUMENT && has("handle is null"));
+  int32_t aborted = 7;
+  EXPECT(smla_shardq_aborted(NULL, &aborted) == SMLA_ERROR_INVALID_ARGUMENT && has("handle is null") && aborted == 7);
+  EXPECT(smla_shardq_aborted(NULL, NULL) == SMLA_ERROR_INVALID_ARGUMENT && has("out_aborted is null"));
   smla_shardq_destroy(NULL); /* a no-op */
   printf("%d passed, %d failed\n", g_pass, g_fail);
   return g_fail ? 1 : 0;

@@ -8,11 +8,13 @@
 #include <cstring>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "smla/formats.h"
 #include "smla/numeric.h"
 #include "reference/sparse_mla.h"
+#include "smla/dist.h"
 #include "smla/shardq.h"
 #include "dist/shardq_rule.h"
 
@@ -235,6 +237,40 @@ TEST(ShardqDeviceRule, MatchesTheHostOwnershipAndSlots) {
       start += n;
     }
   }
+}
+
+// ShardqConfig is checked on the host before anything touches a device or NCCL (ShardQ's
+// constructor calls check_config); each bad field gets an error that names it.
+TEST(ShardqConfigCheck, NamesTheBadField) {
+  dist::ShardqConfig ok;
+  ok.world = 4, ok.rank = 3, ok.num_heads = 64, ok.max_tokens = 4096, ok.max_requests = 8;
+  EXPECT_NO_THROW(dist::check_config(ok));
+  auto expect_error = [&](auto mutate, const std::string& needle) {
+    dist::ShardqConfig c = ok;
+    mutate(c);
+    try {
+      dist::check_config(c);
+      ADD_FAILURE() << "no error; expected one containing '" << needle << "'";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  expect_error([](dist::ShardqConfig& c) { c.timeout_ms = 0; }, "timeout_ms must be >= 1");
+  expect_error([](dist::ShardqConfig& c) { c.timeout_ms = -5; }, "got -5");
+  expect_error([](dist::ShardqConfig& c) { c.world = 17, c.num_heads = 17; }, "world must be in [1, 16]");
+  expect_error([](dist::ShardqConfig& c) { c.rank = 4; }, "rank must be in [0, world = 4)");
+  expect_error([](dist::ShardqConfig& c) { c.num_heads = 129; }, "num_heads (H, all heads) must be in [1, 128]");
+  expect_error([](dist::ShardqConfig& c) { c.num_heads = 6; }, "must be a multiple of world W = 4");
+  expect_error([](dist::ShardqConfig& c) { c.q_dtype = DType::kFP32; }, "q must be bf16, fp16 or e4m3");
+  expect_error([](dist::ShardqConfig& c) { c.topk = 0; }, "topk must be >= 1");
+  expect_error([](dist::ShardqConfig& c) { c.max_tokens = int64_t(1) << 29; }, "max_tokens * world < 2^31");
+  expect_error([](dist::ShardqConfig& c) { c.max_requests = 0; }, "max_requests must be >= 1");
+  // The defaults, as DcpConfig's: the watchdog on, 10 s, a stuck blocking call ends the process.
+  const dist::ShardqConfig d;
+  EXPECT_TRUE(d.watchdog);
+  EXPECT_TRUE(d.terminate_on_stuck_call);
+  EXPECT_EQ(d.timeout_ms, 10000);
+  EXPECT_NO_THROW(dist::check_config(d));
 }
 
 }  // namespace
