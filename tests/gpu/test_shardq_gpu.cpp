@@ -2,9 +2,10 @@
 // ownership kernels against shardq::make_layout for W = 1..8 (every rank's map computed here), the
 // whole step against the float64 reference of the unsharded call for every KV format, bit-identical
 // to the unsharded Plan::run when the plan has no padding, requests shorter than 2·W, empty ones,
-// T = 0, bad input refused on the host (or, for a malformed cu_seqlens, reported by wait()), and
-// graph capture + replay (one graph serving another cu_seqlens of the same T and R). The W = 2 runs
-// are tests/dist/shardq_multi_gpu.cpp. Skips without an SM90 device or without NCCL.
+// T = 0, bad input refused on the host (or, for a malformed cu_seqlens, reported by wait(), the
+// communicator left usable), graph capture + replay (one graph serving another cu_seqlens of the same
+// T and R), and the watchdog off or the C ABI giving the default's result bit for bit. The W = 2 runs
+// and the watchdog against a simulated hang are tests/dist/shardq_multi_gpu.cpp. Skips without an SM90 device or without NCCL.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -17,6 +18,7 @@
 
 #include "smla/engine.h"
 #include "smla/shardq.h"
+#include "smla/smla_dist.h"
 
 #if SMLA_HAVE_NCCL
 #include "dist/shardq_device.h"
@@ -332,6 +334,82 @@ TEST(ShardqGpu, BadInputRefusedBeforeAnythingRuns) {
   sq.step(run.args, ws.p, wsb, stream);
   EXPECT_ERROR_WITH(sq.wait(stream, 20000), "cu_seqlens decreases");
   for (uint16_t b : run.out_bits()) ASSERT_EQ(b, 0);
+  // A fault of the step's input is no communicator failure: nothing was aborted, the next step runs.
+  EXPECT_FALSE(sq.aborted());
+  CUDA_OK(cudaMemcpy(run.cu.p, c.cu_seqlens.data(), c.cu_seqlens.size() * 4, cudaMemcpyHostToDevice));
+  sq.step(run.args, ws.p, wsb, stream);
+  sq.wait(stream, 20000);
+  const auto d = test::compare_slice(c, 1, 0, run.out_bits(), run.lse_values());
+  EXPECT_LE(d.rel_l2, 1e-2);
+  EXPECT_LE(d.lse_max_abs, 1e-3);
+  EXPECT_ERROR_WITH(sq.wait(stream, 0), "timeout_ms must be >= 1");
+  cudaStreamDestroy(stream);
+}
+
+// The watchdog only watches: a ShardQ with it off, and ShardQs made through the C ABI (watchdog 0 and
+// 1), give the default's out and lse bit for bit, and none reports an abort after healthy steps.
+TEST(ShardqGpu, WatchdogOffAndTheCApiGiveTheSameResult) {
+  REQUIRE_GPU();
+  const uint64_t seed = test::fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  const auto c = test::make_shardq_case(KvFormat::kBF16, DType::kBF16, 32, {12, 5}, seed);
+  void* comm = world1_comm();
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreate(&stream));
+  StepRun run(c, 1, 0);
+  auto cfg = test::shardq_config(c, 1, 0, KvFormat::kBF16, c.T, 2);
+  ASSERT_TRUE(cfg.watchdog);
+  dist::ShardQ on(comm, cfg);
+  cfg.watchdog = false;
+  dist::ShardQ off(comm, cfg);
+  ASSERT_EQ(on.workspace_bytes(), off.workspace_bytes());
+  Dev ws(on.workspace_bytes());
+  run.poison();
+  on.step(run.args, ws.p, on.workspace_bytes(), stream);
+  on.wait(stream, 20000);
+  const auto ref_out = run.out_bits();
+  const auto ref_lse = run.lse_values();
+  const auto d = test::compare_slice(c, 1, 0, ref_out, ref_lse);
+  EXPECT_LE(d.rel_l2, 1e-2);
+  EXPECT_LE(d.lse_max_abs, 1e-3);
+  run.poison();
+  off.step(run.args, ws.p, off.workspace_bytes(), stream);
+  off.wait(stream, 20000);
+  EXPECT_TRUE(run.out_bits() == ref_out) << "watchdog off: out differs";
+  EXPECT_EQ(0, std::memcmp(run.lse_values().data(), ref_lse.data(), ref_lse.size() * 4)) << "watchdog off: lse differs";
+  EXPECT_FALSE(on.aborted());
+  EXPECT_FALSE(off.aborted());
+
+  for (int32_t watchdog : {0, 1}) {
+    SCOPED_TRACE("C ABI, watchdog " + std::to_string(watchdog));
+    smla_shardq_config cc;
+    smla_shardq_config_init(&cc);
+    EXPECT_EQ(cc.watchdog, 1);
+    EXPECT_EQ(cc.terminate_on_stuck_call, 1);
+    cc.num_heads = c.H, cc.score_precision = SMLA_SCORE_BF16, cc.topk = c.K, cc.max_tokens = c.T, cc.max_requests = 2;
+    cc.watchdog = watchdog;
+    smla_shardq* h = nullptr;
+    ASSERT_EQ(smla_shardq_create(comm, &cc, &h), SMLA_OK) << smla_last_error();
+    size_t bytes = 0;
+    ASSERT_EQ(smla_shardq_workspace_bytes(h, &bytes), SMLA_OK) << smla_last_error();
+    EXPECT_EQ(bytes, on.workspace_bytes());
+    smla_shardq_step_args ca;
+    smla_shardq_step_args_init(&ca);
+    const auto& a = run.args;
+    ca.num_tokens = a.num_tokens, ca.num_requests = a.num_requests, ca.cu_seqlens = a.cu_seqlens, ca.q = a.q;
+    ca.idx = a.idx, ca.idx_stride_t = a.idx_stride_t, ca.counts = a.counts, ca.kv = a.kv, ca.num_rows = a.num_rows;
+    ca.kv_row_stride_bytes = a.kv_row_stride_bytes, ca.softmax_scale = a.softmax_scale, ca.q_scale = a.q_scale;
+    ca.k_scale = a.k_scale, ca.out = a.out, ca.lse = a.lse;
+    run.poison();
+    EXPECT_EQ(smla_shardq_step(h, &ca, ws.p, bytes, stream), SMLA_OK) << smla_last_error();
+    EXPECT_EQ(smla_shardq_wait(h, stream, 20000), SMLA_OK) << smla_last_error();
+    EXPECT_TRUE(run.out_bits() == ref_out) << "C ABI: out differs";
+    EXPECT_EQ(0, std::memcmp(run.lse_values().data(), ref_lse.data(), ref_lse.size() * 4)) << "C ABI: lse differs";
+    int32_t aborted = -1;
+    EXPECT_EQ(smla_shardq_aborted(h, &aborted), SMLA_OK) << smla_last_error();
+    EXPECT_EQ(aborted, 0);
+    smla_shardq_destroy(h);
+  }
   cudaStreamDestroy(stream);
 }
 
