@@ -11,6 +11,8 @@
 //   7. unpacked by dest into out [T, Hs, 512] (and lse [T, Hs])
 // Every size is fixed by the plan (S, not the step's per-rank counts), so the host enqueues the
 // same calls whatever cu_seqlens holds: graph capture works, and no rank waits for a size.
+// A lost peer is bounded as in Dcp (nccl_dcp.cu) by the step's CommWatchdog (dist/nccl_watchdog.h):
+// each all-to-all is one guarded call, and the step's completion event follows the out all-to-all.
 #include <cuda_runtime.h>
 #include <nccl.h>
 

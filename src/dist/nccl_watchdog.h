@@ -37,7 +37,7 @@
 // The watchdog looks every min(timeout_ms / 8, 100) ms, so a failure surfaces within timeout_ms
 // plus that.
 //
-// Call pattern for a step class (see Dcp in nccl_dcp.cu):
+// Call pattern for a step class (see Dcp in nccl_dcp.cu, ShardQ in nccl_shardq.cu):
 //   CommWatchdog wd(comm, device, {"DCP", rank, timeout_ms, terminate_on_stuck_call});  // one thread
 //   wd.check();                                          // throws once the communicator failed
 //   wd.call("ncclAllGather(q)", [&] { return ncclAllGather(..., comm, stream); });
