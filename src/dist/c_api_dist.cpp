@@ -49,7 +49,8 @@ smla::dist::ShardqConfig to_config(const smla_shardq_config& c) {
                         : c.score_precision == SMLA_SCORE_FP8 ? smla::ScorePrecision::kFP8
                                                               : smla::ScorePrecision::kBF16;
   cfg.sink = c.sink != 0, cfg.topk = c.topk, cfg.max_tokens = c.max_tokens, cfg.max_requests = c.max_requests;
-  cfg.timeout_ms = c.timeout_ms, cfg.watchdog = c.watchdog != 0, cfg.terminate_on_stuck_call = c.terminate_on_stuck_call != 0;
+  cfg.timeout_ms = c.timeout_ms, cfg.watchdog = c.watchdog != 0;
+  cfg.terminate_on_stuck_call = c.terminate_on_stuck_call != 0;
   return cfg;
 }
 

@@ -269,7 +269,8 @@ void all_to_all(detail::CommWatchdog& wd, const void* send, void* recv, size_t b
     ncclResult_t r = ncclGroupStart();
     if (r != ncclSuccess) return r;
     for (int p = 0; p < W && r == ncclSuccess; ++p) {
-      r = ncclSend(static_cast<const uint8_t*>(send) + size_t(p) * block_bytes, block_bytes, ncclUint8, p, comm, stream);
+      r = ncclSend(static_cast<const uint8_t*>(send) + size_t(p) * block_bytes, block_bytes, ncclUint8, p, comm,
+                   stream);
       if (r == ncclSuccess)
         r = ncclRecv(static_cast<uint8_t*>(recv) + size_t(p) * block_bytes, block_bytes, ncclUint8, p, comm, stream);
       if (send2 && r == ncclSuccess)

@@ -187,8 +187,9 @@ void check_config(const ShardqConfig& c) {
              "ShardQ: rank must be in [0, world = " + s_(c.world) + "); got " + s_(c.rank));
   SMLA_CHECK(c.num_heads >= 1 && c.num_heads <= kMaxNativeHeads,
              "ShardQ: num_heads (H, all heads) must be in [1, 128]; got " + s_(c.num_heads));
-  SMLA_CHECK(c.num_heads % c.world == 0, "ShardQ: num_heads H = " + s_(c.num_heads) + " must be a multiple of world W = " +
-                                             s_(c.world) + " (each rank holds H / W heads)");
+  SMLA_CHECK(c.num_heads % c.world == 0, "ShardQ: num_heads H = " + s_(c.num_heads) +
+                                             " must be a multiple of world W = " + s_(c.world) +
+                                             " (each rank holds H / W heads)");
   SMLA_CHECK(c.q_dtype == DType::kBF16 || c.q_dtype == DType::kFP16 || c.q_dtype == DType::kE4M3,
              "ShardQ: q must be bf16, fp16 or e4m3");
   SMLA_CHECK(c.topk >= 1, "ShardQ: topk must be >= 1; got " + s_(c.topk));

@@ -257,7 +257,8 @@ int watchdog_main(const std::vector<uint8_t>& id) {
   uint32_t* flag = nullptr;
   if (cudaHostAlloc(reinterpret_cast<void**>(&flag), 4, cudaHostAllocMapped) != cudaSuccess) fail("cudaHostAlloc");
   uint32_t* flag_dev = nullptr;
-  if (cudaHostGetDevicePointer(reinterpret_cast<void**>(&flag_dev), flag, 0) != cudaSuccess) fail("cudaHostGetDevicePointer");
+  if (cudaHostGetDevicePointer(reinterpret_cast<void**>(&flag_dev), flag, 0) != cudaSuccess)
+    fail("cudaHostGetDevicePointer");
   auto set_flag = [&](uint32_t v) { *reinterpret_cast<volatile uint32_t*>(flag) = v; };
   cudaStream_t stream;
   cudaStreamCreate(&stream);
@@ -282,7 +283,8 @@ int watchdog_main(const std::vector<uint8_t>& id) {
     sq.wait(stream, 20000);
     const auto d = st.check(1, 0);
     char line0[256];
-    std::snprintf(line0, sizeof line0, "a plain step runs (out rel L2 %.3e, lse max abs %.3e)", d.rel_l2, d.lse_max_abs);
+    std::snprintf(line0, sizeof line0, "a plain step runs (out rel L2 %.3e, lse max abs %.3e)", d.rel_l2,
+                  d.lse_max_abs);
     report(!sq.aborted() && d.rel_l2 <= 1e-2 && d.lse_max_abs <= 1e-3, line0);
 
     // A healthy slow step: the stream is held for 0.6 x timeout after step() enqueued it.
@@ -302,7 +304,8 @@ int watchdog_main(const std::vector<uint8_t>& id) {
       slow_ok = false;
       slow_msg = e.what();
     }
-    report(slow_ok && !sq.aborted(), "a step held 0.6 x timeout is not aborted" + (slow_msg.empty() ? "" : ": " + slow_msg));
+    report(slow_ok && !sq.aborted(),
+           "a step held 0.6 x timeout is not aborted" + (slow_msg.empty() ? "" : ": " + slow_msg));
 
     // A hang: the stream is held until after the checks.
     set_flag(0);

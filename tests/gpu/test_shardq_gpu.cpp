@@ -5,7 +5,8 @@
 // T = 0, bad input refused on the host (or, for a malformed cu_seqlens, reported by wait(), the
 // communicator left usable), graph capture + replay (one graph serving another cu_seqlens of the same
 // T and R), and the watchdog off or the C ABI giving the default's result bit for bit. The W = 2 runs
-// and the watchdog against a simulated hang are tests/dist/shardq_multi_gpu.cpp. Skips without an SM90 device or without NCCL.
+// and the watchdog against a simulated hang are tests/dist/shardq_multi_gpu.cpp. Skips without an
+// SM90 device or without NCCL.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
