@@ -24,6 +24,7 @@
 #include "smla/serving.h"
 #include "smla/shardq.h"
 #include "smla/smla.h"
+#include "smla/smla_dist.h"
 #include "smla/state.h"
 #include "smla/support.h"
 #include "smla/tiered.h"

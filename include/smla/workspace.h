@@ -1,6 +1,7 @@
 // smla/workspace.h — the layout of every caller-owned workspace, as pure host arithmetic: the size
 // and offset of each part. The one definition: Plan sizes its workspace with it, the CUDA launcher
-// carves the split-K scratch out of it, and dist::Dcp sizes and carves its step buffers with it.
+// carves the split-K scratch out of it, and dist::Dcp and dist::ShardQ size and carve their step buffers
+// with it.
 #pragma once
 
 #include <cstddef>
@@ -64,5 +65,45 @@ struct DcpWorkspace {
 };
 // Throws Error when a count is out of range (world, local_heads, topk, max_rows >= 1; a 16-bit q).
 DcpWorkspace dcp_workspace(const DcpWorkspaceShape& shape);
+
+// What a ShardQ prefill step over NCCL (smla/dist.h, DESIGN.md §5b) is sized for.
+struct ShardqWorkspaceShape {
+  int world = 1;                   // W ranks
+  int num_heads = 1;               // H, all heads (each rank holds H / W of them); a multiple of W
+  int rope_dim = kRopeDim;
+  DType q_dtype = DType::kBF16;    // bf16, fp16 or e4m3
+  DType out_dtype = DType::kBF16;  // bf16 or fp16
+  int topk = 1;                    // K
+  int64_t max_tokens = 1;          // largest T of a step
+  int max_requests = 1;            // most requests in a step
+  int64_t slots = 1;               // tokens one rank attends at most: shardq::max_tokens_per_rank(max_tokens,
+                                   // world, max_requests) of smla/shardq.h, in [1, max_tokens]
+  size_t attention_bytes = 0;      // the attention plan's workspace (Plan::workspace_bytes())
+};
+
+// The step buffers of one ShardQ rank (Hs = H / W heads per rank, S = slots). Every exchange buffer
+// holds W blocks of S tokens, block p for peer p. exchange_a and exchange_b are reused within the
+// step (each holds one thing at a time, in stream order), so the step needs about 3 copies of q
+// and of out, not 6.
+struct ShardqWorkspace {
+  WorkspacePart status;      // [4] int32: the device-side check of cu_seqlens (0 = fine; read by wait())
+  WorkspacePart req_base;    // [max_requests, W] int32: slots of rank p taken by the earlier requests
+  WorkspacePart dest;        // [max_tokens] int32: owner * S + slot of each token (-1 after a bad cu_seqlens)
+  WorkspacePart slot_token;  // [S] int32: this rank's token in each slot (-1: unused slot)
+  WorkspacePart exchange_a;  // q to send [W, S, Hs, D] q_dtype; then the attention's out [S, H, 512];
+                             // then the received out [W, S, Hs, 512] out_dtype
+  WorkspacePart exchange_b;  // received q [W, S, Hs, D]; then the out to send [W, S, Hs, 512]
+  WorkspacePart lse_send;    // [W, S, Hs] fp32
+  WorkspacePart lse_recv;    // [W, S, Hs] fp32
+  WorkspacePart q_full;      // [S, H, D] q_dtype: this rank's tokens with every head
+  WorkspacePart idx;         // [S, K] int32: their top-k rows (-1 in unused slots)
+  WorkspacePart counts;      // [S] int32: their counts (0 in unused slots)
+  WorkspacePart lse_full;    // [S, H] fp32: the attention's LSE (natural log)
+  WorkspacePart attention;   // the attention's workspace (attention_bytes)
+  size_t bytes = 0;          // total
+};
+// Throws Error when a count is out of range (world, num_heads, topk, max_tokens, max_requests >= 1,
+// H a multiple of W, slots in [1, max_tokens]).
+ShardqWorkspace shardq_workspace(const ShardqWorkspaceShape& shape);
 
 }  // namespace smla

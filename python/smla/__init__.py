@@ -15,6 +15,8 @@ Main entry points:
   workspace: allocates nothing, legal inside CUDA-graph capture.
 - :func:`write_cache`, :func:`convert_indices`, :func:`finish_empty_rows` — the serving kernels.
 - :func:`merge_partials` — the context-parallel (DCP) merge of per-rank partial results.
+- :func:`shardq_owner_rank`, :func:`shardq_layout`, :func:`shardq_max_tokens_per_rank` — ShardQ's token
+  ownership and per-rank bound (the step itself is C++ / C: ``smla::dist::ShardQ``, ``smla_shardq_*``).
 - :func:`support` — why a geometry cannot run ("" when it can).
 - :func:`replay` / :func:`dump_layer` — run a dumped layer on any backend.
 
@@ -51,6 +53,9 @@ from ._smla import (
     cuda_device_info,
     reorder_batch_threshold,
     row_bytes,
+    shardq_layout,
+    shardq_max_tokens_per_rank,
+    shardq_owner_rank,
 )
 
 __version__ = "0.1.0"
@@ -59,7 +64,8 @@ __all__ = [
     "LATENT_DIM", "ROPE_DIM", "FORMATS", "DEEPSEEK_V32_SOFTMAX_SCALE", "SmlaError", "UnsupportedError", "Plan",
     "Schedule", "sparse_mla", "write_cache", "convert_indices", "finish_empty_rows", "merge_partials", "support",
     "kernel_name", "kernel_for", "replay", "dump_layer", "encode_rows", "decode_rows", "bf16_bits", "bf16_to_float",
-    "token_to_request", "reorder_batch_threshold", "owner_rank", "local_position", "row_bytes", "built_with_cuda",
+    "token_to_request", "reorder_batch_threshold", "owner_rank", "local_position", "shardq_owner_rank",
+    "shardq_max_tokens_per_rank", "shardq_layout", "row_bytes", "built_with_cuda",
     "cuda_device_count", "cuda_device_info", "current_stream",
 ]
 

@@ -1,4 +1,4 @@
-// Host-only helpers from Python: the DCP merge, the CPU row codecs, token -> request, and replay
+// Host-only helpers from Python: the DCP merge, ShardQ's ownership rules, the CPU row codecs, token -> request, and replay
 // with its safetensors plumbing. NumPy arrays in, nothing on a device.
 #include <nanobind/stl/map.h>
 #include <nanobind/stl/optional.h>
@@ -17,6 +17,7 @@
 #include "devtools/replay.h"
 #include "devtools/safetensors.h"
 #include "smla/serving.h"
+#include "smla/shardq.h"
 
 namespace smla::py {
 namespace {
@@ -164,6 +165,19 @@ std::pair<StDict, StMeta> call_replay(const nb::bytes& dump, const std::string& 
 
 void def_host(nb::module_& m) {
   m.def("_merge_partials", &call_merge_partials, "outs"_a, "lses"_a, "out"_a, "lse"_a);
+  // ShardQ's host rules (smla/shardq.h, DESIGN.md §5b): the same functions the NCCL step is held to.
+  m.def("shardq_owner_rank", &shardq::owner_rank, "j"_a, "n"_a, "world"_a,
+        "ShardQ: the rank that attends token j (0 <= j < n) of a request of n tokens (zigzag: 2·world chunks of "
+        "ceil(n / 2·world), rank r owns chunks r and 2·world - 1 - r).");
+  m.def("shardq_max_tokens_per_rank", &shardq::max_tokens_per_rank, "max_tokens"_a, "world"_a, "max_requests"_a,
+        "ShardQ: the most tokens a rank attends in a step of at most max_tokens tokens in at most max_requests "
+        "requests, min(max_tokens, ceil(max_tokens / world) + 2·max_requests): the slots its buffers are padded to.");
+  m.def(
+      "shardq_layout",
+      [](const std::vector<int64_t>& request_lens, int world) { return shardq::make_layout(request_lens, world).rank_tokens; },
+      "request_lens"_a, "world"_a,
+      "ShardQ: for requests laid out back to back, the ascending global token ids each rank attends (slot i of "
+      "rank r holds layout[r][i]).");
   m.def("_encode_rows", &call_encode_rows, "format"_a, "latent"_a, "rope"_a.none(), "k_scale"_a, "rows"_a);
   m.def("_decode_rows", &call_decode_rows, "format"_a, "rows"_a, "rope_dim"_a, "k_scale"_a, "out"_a);
   m.def("reorder_batch_threshold", &reorder_batch_threshold, "num_heads"_a,

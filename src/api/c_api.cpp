@@ -8,6 +8,7 @@
 
 #include "smla/engine.h"
 #include "smla/tiered.h"
+#include "api/c_guard.h"
 #if SMLA_HAVE_CUDA
 #include "smla/cuda_tiered.h"
 #endif
@@ -19,31 +20,14 @@ struct smla_tiered_cache {
   smla::TieredCache cache;
 };
 
+std::string& smla::capi::last_error() {
+  thread_local std::string message;
+  return message;
+}
+
 namespace {
 
-thread_local std::string g_last_error;
-
-template <class F>
-smla_status guarded(F&& f) {
-  try {
-    f();
-    g_last_error.clear();
-    return SMLA_OK;
-  } catch (const smla::Error& e) {
-    g_last_error = e.what();
-    switch (e.kind()) {
-      case smla::Error::Kind::kUnsupported: return SMLA_ERROR_UNSUPPORTED;
-      case smla::Error::Kind::kInternal: return SMLA_ERROR_INTERNAL;
-      default: return SMLA_ERROR_INVALID_ARGUMENT;
-    }
-  } catch (const std::bad_alloc&) {
-    g_last_error = "out of host memory";
-    return SMLA_ERROR_INTERNAL;
-  } catch (const std::exception& e) {
-    g_last_error = e.what();
-    return SMLA_ERROR_INTERNAL;
-  }
-}
+using smla::capi::guarded;
 
 smla::KvFormat to_format(int32_t v) {
   SMLA_CHECK(v >= 0 && v <= 4, "kv_format must be an smla_kv_format (0..4); got " + std::to_string(v));
@@ -275,6 +259,6 @@ smla_status smla_tiered_max_decode_batch(const smla_tiered_config* cfg, size_t b
   });
 }
 
-const char* smla_last_error(void) { return g_last_error.c_str(); }
+const char* smla_last_error(void) { return smla::capi::last_error().c_str(); }
 
 }  // extern "C"

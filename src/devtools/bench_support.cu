@@ -53,6 +53,11 @@ __global__ void sleep_kernel(uint64_t ns) {
   } while (t - t0 < ns);
 }
 
+// Spins until the host-mapped word becomes nonzero (volatile: every read goes to host memory).
+__global__ void wait_flag_kernel(const volatile uint32_t* flag) {
+  while (*flag == 0) __nanosleep(2000);
+}
+
 void check_launch(const char* what) {
   const cudaError_t e = cudaGetLastError();
   SMLA_CHECK(e == cudaSuccess, std::string(what) + ": " + cudaGetErrorString(e));
@@ -79,6 +84,11 @@ void fill_random_rows(int32_t* dst, size_t count, int64_t num_rows, uint64_t see
 void gpu_sleep(uint64_t ns, void* stream) {
   sleep_kernel<<<1, 1, 0, static_cast<cudaStream_t>(stream)>>>(ns);
   check_launch("gpu_sleep");
+}
+
+void gpu_wait_host_flag(const volatile uint32_t* flag_device_ptr, void* stream) {
+  wait_flag_kernel<<<1, 1, 0, static_cast<cudaStream_t>(stream)>>>(flag_device_ptr);
+  check_launch("gpu_wait_host_flag");
 }
 
 }  // namespace smla::cuda

@@ -20,4 +20,9 @@ void fill_random_rows(int32_t* dst, size_t count, int64_t num_rows, uint64_t see
 // behind it and event timings measure the GPU, not the host's launch rate.
 void gpu_sleep(uint64_t ns, void* stream);
 
+// Keeps `stream` busy until the host sets a word to nonzero: flag_device_ptr is the device view
+// (cudaHostGetDevicePointer) of pinned, mapped host memory (cudaHostAllocMapped). Simulates a step
+// that never finishes (a peer that stopped taking part) for the watchdog tests.
+void gpu_wait_host_flag(const volatile uint32_t* flag_device_ptr, void* stream);
+
 }  // namespace smla::cuda

@@ -1,12 +1,15 @@
-// The host side of decode context parallelism: partial-result merge and the CPU simulation.
+// The host side of decode context parallelism: partial-result merge, the CPU simulation and the
+// DcpConfig check (host-only, so CI tests it).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include "reference/sparse_mla.h"
 #include "smla/dcp.h"
+#include "smla/dist.h"
 #include "smla/formats.h"
 #include "smla/index.h"
 #include "smla/state.h"
@@ -114,3 +117,22 @@ void simulate_decode(const SparseMlaParams& tmpl, const std::vector<PagedCache>&
 }
 
 }  // namespace smla::dcp
+
+namespace smla::dist {
+
+void check_config(const DcpConfig& cfg) {
+  SMLA_CHECK(cfg.world >= 1 && cfg.world <= kMaxDcpWorld,
+             "DCP: world must be in [1, 16]; got " + std::to_string(cfg.world));
+  SMLA_CHECK(cfg.rank >= 0 && cfg.rank < cfg.world,
+             "DCP: rank must be in [0, world = " + std::to_string(cfg.world) + "); got " + std::to_string(cfg.rank));
+  SMLA_CHECK(cfg.interleave >= 1, "DCP: interleave must be >= 1; got " + std::to_string(cfg.interleave));
+  SMLA_CHECK(cfg.local_heads >= 1 && int64_t(cfg.local_heads) * cfg.world <= kMaxNativeHeads,
+             "DCP: local_heads * world must be in [1, 128] (the heads one attention call handles); got " +
+                 std::to_string(cfg.local_heads) + " * " + std::to_string(cfg.world));
+  SMLA_CHECK(cfg.q_dtype == DType::kBF16 || cfg.q_dtype == DType::kFP16, "DCP: q must be bf16 or fp16");
+  SMLA_CHECK(cfg.max_rows >= 1 && cfg.topk >= 1, "DCP: max_rows and topk must be >= 1");
+  SMLA_CHECK(cfg.timeout_ms >= 1, "DCP: timeout_ms must be >= 1 (the longest wait for a step, in ms); got " +
+                                      std::to_string(cfg.timeout_ms));
+}
+
+}  // namespace smla::dist

@@ -1,5 +1,7 @@
 // Internal helpers shared by the NCCL steps of smla_dist (DCP, ShardQ): error checks, the
-// guarded enqueue of an NCCL call, the device scope and typed views of the caller's workspace.
+// registry of aborted communicators, the polled enqueue of a nonblocking call (`settle`), the
+// device scope and typed views of the caller's workspace. A step's guarded NCCL calls go through
+// CommWatchdog::call (dist/nccl_watchdog.h), which settles nonblocking calls itself.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -7,6 +9,8 @@
 
 #include <chrono>
 #include <cstdint>
+#include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -22,15 +26,43 @@ inline void check_nccl(ncclResult_t r, const char* what) {
   if (r != ncclSuccess && r != ncclInProgress) fail(std::string("NCCL step: ") + what + ": " + ncclGetErrorString(r));
 }
 
+// Communicators that smla aborted (ncclCommAbort frees them): destroy_comm skips these, so a caller
+// can clean up after an error without a double free. make_comm and the step constructors forget an
+// address again when it is handed out or used anew (NCCL may reuse freed memory).
+inline std::mutex& aborted_registry_mutex() {
+  static std::mutex m;
+  return m;
+}
+inline std::set<const void*>& aborted_registry() {
+  static std::set<const void*> s;
+  return s;
+}
+inline void note_aborted(const void* comm) {
+  std::lock_guard<std::mutex> g(aborted_registry_mutex());
+  aborted_registry().insert(comm);
+}
+inline void forget_aborted(const void* comm) {
+  std::lock_guard<std::mutex> g(aborted_registry_mutex());
+  aborted_registry().erase(comm);
+}
+inline bool was_aborted(const void* comm) {
+  std::lock_guard<std::mutex> g(aborted_registry_mutex());
+  return aborted_registry().count(comm) != 0;
+}
+
 // A nonblocking communicator answers ncclInProgress while a call is still being enqueued (e.g.
 // connecting to a peer). Poll its state on the host (the stream is not synchronized) until the
-// call is in place; past timeout_ms, or on an error, abort the communicator and throw.
+// call is in place; past timeout_ms, or on an error, abort the communicator and throw. For calls
+// made where no CommWatchdog exists (make_comm's init, a constructor's ncclCommCount): a step's
+// calls go through CommWatchdog::call, which takes the communicator's lock, shows the watchdog
+// how long the host has been inside, and settles a nonblocking answer the same way.
 inline void settle(ncclComm_t comm, ncclResult_t r, const char* what, int timeout_ms) {
   const auto t0 = std::chrono::steady_clock::now();
   while (r == ncclInProgress) {
     const auto waited =
         std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
     if (waited > timeout_ms) {
+      note_aborted(comm);
       ncclCommAbort(comm);
       fail(std::string("NCCL: ") + what + " was not enqueued within " + std::to_string(timeout_ms) +
            " ms (a peer stopped taking part?); the communicator was aborted");
@@ -41,6 +73,7 @@ inline void settle(ncclComm_t comm, ncclResult_t r, const char* what, int timeou
     if (ncclCommGetAsyncError(comm, &r) != ncclSuccess) r = ncclSystemError;
   }
   if (r != ncclSuccess) {
+    note_aborted(comm);
     ncclCommAbort(comm);
     fail(std::string("NCCL: ") + what + ": " + ncclGetErrorString(r) + "; the communicator was aborted");
   }

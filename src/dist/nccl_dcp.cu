@@ -27,6 +27,7 @@
 #include "smla/state.h"
 #include "smla/workspace.h"
 #include "dist/nccl_common.h"
+#include "dist/nccl_watchdog.h"
 
 namespace smla::dist {
 namespace {
@@ -35,7 +36,7 @@ using detail::check_cuda;
 using detail::check_nccl;
 using detail::DeviceScope;
 using detail::part_of;
-using detail::settle;
+using detail::settle;  // the constructor's queries (no watchdog yet); the step's calls use CommWatchdog::call
 
 // Partials merged per (row, head) sit in a small local array indexed by rank; these merge kernels
 // move a few hundred KB per step, so that stack use (see ptxas) is deliberate.
@@ -124,19 +125,24 @@ PlanConfig attention_plan_config(const DcpConfig& cfg, int device) {
 }
 
 DcpConfig checked(const DcpConfig& cfg) {
-  SMLA_CHECK(cfg.world >= 1 && cfg.world <= kMaxWorld, "DCP: world must be in [1, 16]");
-  SMLA_CHECK(cfg.rank >= 0 && cfg.rank < cfg.world, "DCP: rank must be in [0, world)");
-  SMLA_CHECK(cfg.interleave >= 1, "DCP: interleave must be >= 1");
-  SMLA_CHECK(cfg.local_heads >= 1 && cfg.local_heads * cfg.world <= kMaxNativeHeads,
-             "DCP: local_heads * world must be in [1, 128] (the heads one attention call handles)");
-  SMLA_CHECK(cfg.q_dtype == DType::kBF16 || cfg.q_dtype == DType::kFP16, "DCP: q must be bf16 or fp16");
-  SMLA_CHECK(cfg.max_rows >= 1 && cfg.topk >= 1, "DCP: max_rows and topk must be >= 1");
+  static_assert(kMaxWorld == kMaxDcpWorld, "the merge kernels' rank arrays hold kMaxDcpWorld partials");
+  check_config(cfg);
   return cfg;
+}
+
+detail::WatchdogConfig watchdog_config(const DcpConfig& cfg) {
+  detail::WatchdogConfig w;
+  w.who = "DCP", w.rank = cfg.rank, w.timeout_ms = cfg.timeout_ms;
+  w.terminate_on_stuck_call = cfg.terminate_on_stuck_call, w.watch_steps = cfg.watchdog;
+  return w;
 }
 
 int comm_device(void* nccl_comm, const DcpConfig& cfg) {
   SMLA_CHECK(nccl_comm != nullptr, "DCP: the NCCL communicator is null");
   auto comm = static_cast<ncclComm_t>(nccl_comm);
+  // [R1] of dist/nccl_watchdog.h: another step object's watchdog may be using this communicator.
+  const auto state = detail::comm_state(comm);
+  std::lock_guard<std::mutex> lock(state->call_mu);
   int n = 0, r = 0, dev = -1;
   settle(comm, ncclCommCount(comm, &n), "ncclCommCount", cfg.timeout_ms);
   settle(comm, ncclCommUserRank(comm, &r), "ncclCommUserRank", cfg.timeout_ms);
@@ -154,7 +160,8 @@ struct Dcp::Impl {
       : comm(static_cast<ncclComm_t>(nccl_comm)),
         cfg(checked(c)),
         device(comm_device(nccl_comm, cfg)),
-        attention(attention_plan_config(cfg, device)) {
+        attention(attention_plan_config(cfg, device)),
+        wd(comm, device, watchdog_config(cfg)) {
     DcpWorkspaceShape shape;
     shape.world = cfg.world, shape.local_heads = cfg.local_heads, shape.rope_dim = cfg.rope_dim;
     shape.q_dtype = cfg.q_dtype, shape.topk = cfg.topk, shape.max_rows = cfg.max_rows;
@@ -168,6 +175,9 @@ struct Dcp::Impl {
   DcpWorkspace layout;  // the step buffers in the caller's workspace
   bool timing = false;
   cudaEvent_t ev[4] = {};
+  // Last member: its thread stops first. Every NCCL call of a step goes through it (one lock, the
+  // host's time inside visible), and it aborts the communicator when a step does not finish.
+  detail::CommWatchdog wd;
 };
 
 Dcp::Dcp(void* nccl_comm, const DcpConfig& cfg) : impl_(std::make_unique<Impl>(nccl_comm, cfg)) {
@@ -201,6 +211,7 @@ void Dcp::step(const DcpStepArgs& a, void* workspace, size_t workspace_bytes, vo
   auto& m = *impl_;
   const auto& cfg = m.cfg;
   auto stream = static_cast<cudaStream_t>(stream_ptr);
+  m.wd.check();  // after an abort every step throws the recorded failure
   SMLA_CHECK(a.num_tokens >= 0 && a.num_tokens <= cfg.max_rows,
              "DCP step: T = " + std::to_string(a.num_tokens) + " must be in [0, max_rows = " + std::to_string(cfg.max_rows) + "]");
   SMLA_CHECK(workspace_bytes >= m.layout.bytes && (workspace != nullptr || m.layout.bytes == 0),
@@ -241,8 +252,8 @@ void Dcp::step(const DcpStepArgs& a, void* workspace, size_t workspace_bytes, vo
   if (m.timing) check_cuda(cudaEventRecord(m.ev[0], stream), "cudaEventRecord");
   cuda::convert_indices(ic, stream);
   const size_t q_elems = size_t(T) * Hl * D;
-  const int tmo = cfg.timeout_ms;
-  settle(m.comm, ncclAllGather(a.q, q_gathered, q_elems * 2, ncclUint8, m.comm, stream), "ncclAllGather(q)", tmo);
+  // No host polling here: the watchdog bounds the call and the step's completion (dist/nccl_watchdog.h).
+  m.wd.call("ncclAllGather(q)", [&] { return ncclAllGather(a.q, q_gathered, q_elems * 2, ncclUint8, m.comm, stream); });
   gather_heads_kernel<<<dim3(unsigned(T), unsigned(H)), 128, 0, stream>>>(
       reinterpret_cast<const uint4*>(q_gathered), reinterpret_cast<uint4*>(q_all), T, W, Hl, D * 2 / 16);
   check_cuda(cudaGetLastError(), "gather_heads_kernel");
@@ -259,13 +270,17 @@ void Dcp::step(const DcpStepArgs& a, void* workspace, size_t workspace_bytes, vo
     auto* scaled = part_of<float>(workspace, L.scaled);
     auto* summed = part_of<float>(workspace, L.summed);
     auto* lse_local = part_of<float>(workspace, L.lse_local);
-    settle(m.comm, ncclAllGather(lse_part, lse_all, size_t(T) * H, ncclFloat32, m.comm, stream), "ncclAllGather(lse)",
-           tmo);
+    m.wd.call("ncclAllGather(lse)",
+              [&] { return ncclAllGather(lse_part, lse_all, size_t(T) * H, ncclFloat32, m.comm, stream); });
     weight_scatter_kernel<<<dim3(unsigned(T), unsigned(H)), 128, 0, stream>>>(out_part, lse_all, scaled, lse_local, T,
                                                                                W, Hl, cfg.rank, bf16);
     check_cuda(cudaGetLastError(), "weight_scatter_kernel");
-    settle(m.comm, ncclReduceScatter(scaled, summed, size_t(T) * Hl * kLatentDim, ncclFloat32, ncclSum, m.comm, stream),
-           "ncclReduceScatter(out)", tmo);
+    m.wd.call("ncclReduceScatter(out)", [&] {
+      return ncclReduceScatter(scaled, summed, size_t(T) * Hl * kLatentDim, ncclFloat32, ncclSum, m.comm, stream);
+    });
+    // After the last NCCL operation (the host's event record overlaps the GPU's collective): the
+    // watchdog aborts if the stream has not got here within timeout_ms.
+    m.wd.step_enqueued(stream);
     finalize_kernel<<<unsigned(T * Hl), 128, 0, stream>>>(summed, lse_local, out, a.lse, T * Hl, bf16);
     check_cuda(cudaGetLastError(), "finalize_kernel");
   } else {
@@ -274,12 +289,18 @@ void Dcp::step(const DcpStepArgs& a, void* workspace, size_t workspace_bytes, vo
     pack_kernel<<<dim3(unsigned(T), unsigned(H)), 128, 0, stream>>>(out_part, lse_part, send, T, W, Hl, bf16);
     check_cuda(cudaGetLastError(), "pack_kernel");
     const size_t chunk = size_t(T) * Hl * kPack;
-    check_nccl(ncclGroupStart(), "ncclGroupStart");
-    for (int r = 0; r < W; ++r) {
-      check_nccl(ncclSend(send + size_t(r) * chunk, chunk, ncclFloat32, r, m.comm, stream), "ncclSend");
-      check_nccl(ncclRecv(recv + size_t(r) * chunk, chunk, ncclFloat32, r, m.comm, stream), "ncclRecv");
-    }
-    settle(m.comm, ncclGroupEnd(), "the all-to-all (ncclGroupEnd)", tmo);
+    // One guarded call for the whole group [R1]: the group is closed whatever a send or recv answers.
+    m.wd.call("the all-to-all (ncclGroupEnd)", [&] {
+      ncclResult_t r = ncclGroupStart();
+      if (r != ncclSuccess) return r;
+      for (int p = 0; p < W && r == ncclSuccess; ++p) {
+        r = ncclSend(send + size_t(p) * chunk, chunk, ncclFloat32, p, m.comm, stream);
+        if (r == ncclSuccess) r = ncclRecv(recv + size_t(p) * chunk, chunk, ncclFloat32, p, m.comm, stream);
+      }
+      const ncclResult_t end = ncclGroupEnd();
+      return r != ncclSuccess ? r : end;
+    });
+    m.wd.step_enqueued(stream);  // after the last NCCL operation, as above
     merge_received_kernel<<<unsigned(T * Hl), 128, 0, stream>>>(recv, out, a.lse, T, W, Hl, bf16);
     check_cuda(cudaGetLastError(), "merge_received_kernel");
   }
@@ -287,29 +308,12 @@ void Dcp::step(const DcpStepArgs& a, void* workspace, size_t workspace_bytes, vo
 }
 
 void Dcp::wait(void* stream_ptr, int timeout_ms) {
-  auto& m = *impl_;
-  auto stream = static_cast<cudaStream_t>(stream_ptr);
-  const auto t0 = std::chrono::steady_clock::now();
-  for (;;) {
-    ncclResult_t async_err = ncclSuccess;
-    check_nccl(ncclCommGetAsyncError(m.comm, &async_err), "ncclCommGetAsyncError");
-    if (async_err != ncclSuccess && async_err != ncclInProgress) {
-      ncclCommAbort(m.comm);
-      fail(std::string("DCP: NCCL reported an error on rank ") + std::to_string(m.cfg.rank) + ": " +
-           ncclGetErrorString(async_err) + "; the communicator was aborted");
-    }
-    const cudaError_t q = cudaStreamQuery(stream);
-    if (q == cudaSuccess) return;
-    if (q != cudaErrorNotReady) check_cuda(q, "the DCP step");
-    const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
-    if (waited > timeout_ms) {
-      ncclCommAbort(m.comm);
-      fail("DCP: the step did not finish within " + std::to_string(timeout_ms) + " ms on rank " +
-           std::to_string(m.cfg.rank) + " (a peer stopped taking part?); the communicator was aborted");
-    }
-    std::this_thread::sleep_for(std::chrono::microseconds(200));
-  }
+  SMLA_CHECK(timeout_ms >= 1, "Dcp::wait: timeout_ms must be >= 1; got " + std::to_string(timeout_ms));
+  DeviceScope on(impl_->device);
+  impl_->wd.wait(static_cast<cudaStream_t>(stream_ptr), timeout_ms);
 }
+
+bool Dcp::aborted() const { return impl_->wd.aborted(); }
 
 std::vector<uint8_t> make_unique_id() {
   ncclUniqueId id;
@@ -325,15 +329,23 @@ void* make_comm(const std::vector<uint8_t>& unique_id, int world, int rank, int 
   std::memcpy(&id, unique_id.data(), sizeof(id));
   ncclComm_t comm = nullptr;
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-  config.blocking = nonblocking ? 0 : 1;  // nonblocking: every call returns at once; Dcp bounds each
+  // Blocking by default: no per-call host thread and polling [R3 of dist/nccl_watchdog.h]; the
+  // step's watchdog bounds the rest. Nonblocking: every call returns at once and is polled.
+  config.blocking = nonblocking ? 0 : 1;
   const ncclResult_t r = ncclCommInitRankConfig(&comm, world, id, rank, &config);
   if (r != ncclSuccess && r != ncclInProgress) fail(std::string("ncclCommInitRankConfig: ") + ncclGetErrorString(r));
+  detail::forget_aborted(comm);  // a fresh communicator (NCCL may reuse an aborted one's address)
   settle(comm, r, "ncclCommInitRankConfig", timeout_ms);
   return comm;
 }
 
 void destroy_comm(void* comm) {
-  if (comm) ncclCommDestroy(static_cast<ncclComm_t>(comm));
+  if (!comm) return;
+  if (detail::was_aborted(comm)) {  // ncclCommAbort already freed it
+    detail::forget_aborted(comm);
+    return;
+  }
+  ncclCommDestroy(static_cast<ncclComm_t>(comm));
 }
 
 }  // namespace smla::dist

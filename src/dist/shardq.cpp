@@ -7,6 +7,7 @@
 #include <string>
 
 #include "reference/sparse_mla.h"
+#include "smla/dist.h"
 
 namespace smla::shardq {
 
@@ -175,3 +176,28 @@ void simulate_prefill(const SparseMlaParams& tmpl, const std::vector<int64_t>& r
 }
 
 }  // namespace smla::shardq
+
+namespace smla::dist {
+
+// The NCCL step's configuration, checked on the host (CPU-tested; ShardQ's constructor calls it).
+void check_config(const ShardqConfig& c) {
+  auto s_ = [](int64_t v) { return std::to_string(v); };
+  SMLA_CHECK(c.world >= 1 && c.world <= kMaxShardqWorld, "ShardQ: world must be in [1, 16]; got " + s_(c.world));
+  SMLA_CHECK(c.rank >= 0 && c.rank < c.world,
+             "ShardQ: rank must be in [0, world = " + s_(c.world) + "); got " + s_(c.rank));
+  SMLA_CHECK(c.num_heads >= 1 && c.num_heads <= kMaxNativeHeads,
+             "ShardQ: num_heads (H, all heads) must be in [1, 128]; got " + s_(c.num_heads));
+  SMLA_CHECK(c.num_heads % c.world == 0, "ShardQ: num_heads H = " + s_(c.num_heads) +
+                                             " must be a multiple of world W = " + s_(c.world) +
+                                             " (each rank holds H / W heads)");
+  SMLA_CHECK(c.q_dtype == DType::kBF16 || c.q_dtype == DType::kFP16 || c.q_dtype == DType::kE4M3,
+             "ShardQ: q must be bf16, fp16 or e4m3");
+  SMLA_CHECK(c.topk >= 1, "ShardQ: topk must be >= 1; got " + s_(c.topk));
+  SMLA_CHECK(c.max_tokens >= 1 && c.max_tokens * c.world < (int64_t(1) << 31),
+             "ShardQ: max_tokens must be >= 1 and max_tokens * world < 2^31; got " + s_(c.max_tokens));
+  SMLA_CHECK(c.max_requests >= 1, "ShardQ: max_requests must be >= 1; got " + s_(c.max_requests));
+  SMLA_CHECK(c.timeout_ms >= 1, "ShardQ: timeout_ms must be >= 1 (the longest wait for a step, in ms); got " +
+                                    s_(c.timeout_ms));
+}
+
+}  // namespace smla::dist

@@ -197,6 +197,7 @@ TEST(CliBinary, BenchShardqRefusals) {
       {"--shardq 8 --formats bf16,fp8_e4m3", "bf16 and fp8_ds_mla"},
       {"--shardq 8 --format bf16 --formats bf16", "not both"},
       {"--shardq 8 --format nosuch", "nosuch"},
+      {"--shardq 8 --a2a-gbps 0", "--a2a-gbps must be an integer in"},
       {"--shardq 8 --reps 5", "--reps must be an integer in [20,"},
       {"--shardq 8 --T 0", "--T must be comma-separated integers"},
       {"--shardq 8 --json /nonexistent-dir/x.json", "--json"},

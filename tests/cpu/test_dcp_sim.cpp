@@ -4,11 +4,13 @@
 
 #include <cmath>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "../common/dcp_case.h"
 #include "reference/sparse_mla.h"
 #include "smla/dcp.h"
+#include "smla/dist.h"
 #include "smla/formats.h"
 #include "smla/numeric.h"
 
@@ -87,6 +89,38 @@ TEST(DcpSharding, OwnerAndLocalPosition) {
         ASSERT_EQ(dcp::local_position(i, W, I), next[size_t(r)]++) << "W=" << W << " I=" << I << " i=" << i;
       }
     }
+}
+
+// DcpConfig is checked on the host before anything touches a device or NCCL; each bad field gets
+// an error that names it (and the value that was given).
+TEST(DcpConfigCheck, NamesTheBadField) {
+  dist::DcpConfig ok;
+  ok.world = 2, ok.rank = 1, ok.local_heads = 64;
+  EXPECT_NO_THROW(dist::check_config(ok));
+  auto expect_error = [&](auto mutate, const std::string& needle) {
+    dist::DcpConfig c = ok;
+    mutate(c);
+    try {
+      dist::check_config(c);
+      ADD_FAILURE() << "no error; expected one containing '" << needle << "'";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  expect_error([](dist::DcpConfig& c) { c.timeout_ms = 0; }, "timeout_ms must be >= 1");
+  expect_error([](dist::DcpConfig& c) { c.timeout_ms = -5; }, "got -5");
+  expect_error([](dist::DcpConfig& c) { c.world = 17, c.local_heads = 1; }, "world must be in [1, 16]");
+  expect_error([](dist::DcpConfig& c) { c.rank = 2; }, "rank must be in [0, world = 2)");
+  expect_error([](dist::DcpConfig& c) { c.local_heads = 65; }, "local_heads * world must be in [1, 128]");
+  expect_error([](dist::DcpConfig& c) { c.interleave = 0; }, "interleave must be >= 1");
+  expect_error([](dist::DcpConfig& c) { c.q_dtype = DType::kFP32; }, "q must be bf16 or fp16");
+  expect_error([](dist::DcpConfig& c) { c.max_rows = 0; }, "max_rows and topk must be >= 1");
+  // The defaults: the watchdog on, 10 s, a stuck blocking call ends the process.
+  const dist::DcpConfig d;
+  EXPECT_TRUE(d.watchdog);
+  EXPECT_TRUE(d.terminate_on_stuck_call);
+  EXPECT_EQ(d.timeout_ms, 10000);
+  EXPECT_NO_THROW(dist::check_config(d));
 }
 
 }  // namespace

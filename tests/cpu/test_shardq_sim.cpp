@@ -8,12 +8,15 @@
 #include <cstring>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "smla/formats.h"
 #include "smla/numeric.h"
 #include "reference/sparse_mla.h"
+#include "smla/dist.h"
 #include "smla/shardq.h"
+#include "dist/shardq_rule.h"
 
 namespace {
 
@@ -193,6 +196,81 @@ TEST(ShardqSimEdge, EmptyStepAndBadShapes) {
   std::vector<float> out2(size_t(4 * 6 * 512)), lse2(size_t(4 * 6));
   EXPECT_THROW(shardq::simulate_prefill(p2, {4}, 4, out2.data(), lse2.data()), Error);  // H = 6, W = 4
   EXPECT_THROW(shardq::simulate_prefill(p2, {3}, 2, out2.data(), lse2.data()), Error);  // lengths != T
+}
+
+// The arithmetic the NCCL step's ownership kernels run (dist/shardq_rule.h, compiled for host and
+// device) against the host spec: owner of every token, its index among the owner's tokens of the
+// request, and each rank's count; then the slots it gives (earlier requests' counts + index) equal
+// the slot order of shardq::make_layout, for W = 1..8 and random batches with short and empty
+// requests.
+TEST(ShardqDeviceRule, MatchesTheHostOwnershipAndSlots) {
+  for (int world = 1; world <= 8; ++world)
+    for (int64_t n = 0; n <= 70; ++n) {
+      std::vector<int64_t> seen(size_t(world), 0);
+      for (int64_t j = 0; j < n; ++j) {
+        int owner = -1;
+        int64_t index = -1;
+        dist::detail::shardq_owner_of(j, n, world, &owner, &index);
+        ASSERT_EQ(owner, shardq::owner_rank(j, n, world)) << "n " << n << " W " << world << " j " << j;
+        ASSERT_EQ(index, seen[size_t(owner)]++) << "n " << n << " W " << world << " j " << j;  // ascending, no gaps
+      }
+      for (int p = 0; p < world; ++p) ASSERT_EQ(dist::detail::shardq_owned_count(n, world, p), seen[size_t(p)]);
+    }
+  std::mt19937_64 rng(11);
+  for (int trial = 0; trial < 300; ++trial) {
+    const int world = 1 + int(rng() % 8);
+    std::vector<int64_t> lens(size_t(1 + rng() % 8));
+    for (auto& n : lens) n = (rng() % 3 == 0) ? int64_t(rng() % 4) : int64_t(rng() % 200);
+    const auto l = shardq::make_layout(lens, world);
+    std::vector<int64_t> base(size_t(world), 0);  // slots taken by earlier requests, per rank
+    int64_t start = 0;
+    for (int64_t n : lens) {
+      for (int64_t j = 0; j < n; ++j) {
+        int owner = -1;
+        int64_t index = -1;
+        dist::detail::shardq_owner_of(j, n, world, &owner, &index);
+        const int64_t slot = base[size_t(owner)] + index;
+        ASSERT_LT(slot, int64_t(l.rank_tokens[size_t(owner)].size()));
+        ASSERT_EQ(l.rank_tokens[size_t(owner)][size_t(slot)], start + j) << "trial " << trial;
+      }
+      for (int p = 0; p < world; ++p) base[size_t(p)] += dist::detail::shardq_owned_count(n, world, p);
+      start += n;
+    }
+  }
+}
+
+// ShardqConfig is checked on the host before anything touches a device or NCCL (ShardQ's
+// constructor calls check_config); each bad field gets an error that names it.
+TEST(ShardqConfigCheck, NamesTheBadField) {
+  dist::ShardqConfig ok;
+  ok.world = 4, ok.rank = 3, ok.num_heads = 64, ok.max_tokens = 4096, ok.max_requests = 8;
+  EXPECT_NO_THROW(dist::check_config(ok));
+  auto expect_error = [&](auto mutate, const std::string& needle) {
+    dist::ShardqConfig c = ok;
+    mutate(c);
+    try {
+      dist::check_config(c);
+      ADD_FAILURE() << "no error; expected one containing '" << needle << "'";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  expect_error([](dist::ShardqConfig& c) { c.timeout_ms = 0; }, "timeout_ms must be >= 1");
+  expect_error([](dist::ShardqConfig& c) { c.timeout_ms = -5; }, "got -5");
+  expect_error([](dist::ShardqConfig& c) { c.world = 17, c.num_heads = 17; }, "world must be in [1, 16]");
+  expect_error([](dist::ShardqConfig& c) { c.rank = 4; }, "rank must be in [0, world = 4)");
+  expect_error([](dist::ShardqConfig& c) { c.num_heads = 129; }, "num_heads (H, all heads) must be in [1, 128]");
+  expect_error([](dist::ShardqConfig& c) { c.num_heads = 6; }, "must be a multiple of world W = 4");
+  expect_error([](dist::ShardqConfig& c) { c.q_dtype = DType::kFP32; }, "q must be bf16, fp16 or e4m3");
+  expect_error([](dist::ShardqConfig& c) { c.topk = 0; }, "topk must be >= 1");
+  expect_error([](dist::ShardqConfig& c) { c.max_tokens = int64_t(1) << 29; }, "max_tokens * world < 2^31");
+  expect_error([](dist::ShardqConfig& c) { c.max_requests = 0; }, "max_requests must be >= 1");
+  // The defaults, as DcpConfig's: the watchdog on, 10 s, a stuck blocking call ends the process.
+  const dist::ShardqConfig d;
+  EXPECT_TRUE(d.watchdog);
+  EXPECT_TRUE(d.terminate_on_stuck_call);
+  EXPECT_EQ(d.timeout_ms, 10000);
+  EXPECT_NO_THROW(dist::check_config(d));
 }
 
 }  // namespace

@@ -168,4 +168,76 @@ TEST(Workspace, DcpBadShapeRefused) {
   EXPECT_THROW(smla::dcp_workspace(bad), smla::Error);
 }
 
+smla::ShardqWorkspaceShape shardq_shape(int world, int heads, int64_t max_tokens, int max_requests, int64_t slots,
+                                        size_t attn) {
+  smla::ShardqWorkspaceShape s;
+  s.world = world, s.num_heads = heads, s.topk = 2048, s.max_tokens = max_tokens, s.max_requests = max_requests;
+  s.slots = slots, s.attention_bytes = attn;
+  return s;
+}
+
+std::vector<WorkspacePart> all_parts(const smla::ShardqWorkspace& w) {
+  return {w.status,   w.req_base, w.dest,   w.slot_token, w.exchange_a, w.exchange_b, w.lse_send,
+          w.lse_recv, w.q_full,   w.idx,    w.counts,     w.lse_full,   w.attention};
+}
+
+TEST(Workspace, ShardqWorkedExample) {
+  // W = 2, H = 16 (8 per rank), max_tokens 100, 3 requests: slots = min(100, 50 + 6) = 56; K = 2048,
+  // D = 576, bf16 q and out, 1000 B of attention scratch.
+  const auto w = smla::shardq_workspace(shardq_shape(2, 16, 100, 3, 56, 1000));
+  EXPECT_EQ(w.status.offset, 0u);
+  EXPECT_EQ(w.status.bytes, 16u);
+  EXPECT_EQ(w.req_base.offset, 256u);
+  EXPECT_EQ(w.req_base.bytes, 3u * 2 * 4);      // [R, W] int32
+  EXPECT_EQ(w.dest.offset, 512u);
+  EXPECT_EQ(w.dest.bytes, 100u * 4);            // [max_tokens] int32
+  EXPECT_EQ(w.slot_token.offset, 1024u);
+  EXPECT_EQ(w.slot_token.bytes, 56u * 4);       // [S] int32
+  EXPECT_EQ(w.exchange_a.offset, 1280u);
+  EXPECT_EQ(w.exchange_a.bytes, 2u * 56 * 8 * 576 * 2);  // q [W, S, Hs, D] bf16 (> out [W, S, Hs, 512]) = 1032192
+  EXPECT_EQ(w.exchange_b.offset, 1280u + 1032192);
+  EXPECT_EQ(w.exchange_b.bytes, w.exchange_a.bytes);
+  EXPECT_EQ(w.lse_send.bytes, 2u * 56 * 8 * 4);  // [W, S, Hs] fp32
+  EXPECT_EQ(w.lse_recv.bytes, w.lse_send.bytes);
+  EXPECT_EQ(w.q_full.bytes, 56u * 16 * 576 * 2);  // [S, H, D]
+  EXPECT_EQ(w.idx.bytes, 56u * 2048 * 4);          // [S, K]
+  EXPECT_EQ(w.counts.bytes, 56u * 4);
+  EXPECT_EQ(w.lse_full.bytes, 56u * 16 * 4);       // [S, H]
+  EXPECT_EQ(w.attention.bytes, 1000u);
+  check_parts(all_parts(w), w.bytes, "W 2 H 16");
+  for (const auto& p : all_parts(w)) EXPECT_LE(p.offset, w.attention.offset);  // the attention part comes last
+  // 256 + 256 + 512 + 256 + 2 * 1032192 + 2 * 3584 + 1032192 + 458752 + 256 + 3584 + 1024 (each rounded up to 256).
+  EXPECT_EQ(w.bytes, 3568640u);
+}
+
+TEST(Workspace, ShardqExchangeHoldsQAndOut) {
+  // An e4m3 q (1 byte) is smaller than the bf16 out, so the out size sets the exchange buffers.
+  auto s = shardq_shape(4, 128, 64, 2, 20, 0);
+  s.q_dtype = smla::DType::kE4M3;
+  const auto w = smla::shardq_workspace(s);
+  EXPECT_EQ(w.exchange_a.bytes, 4u * 20 * 32 * 512 * 2);  // out [W, S, Hs, 512] bf16 = [S, H, 512]
+  EXPECT_EQ(w.q_full.bytes, 20u * 128 * 576);
+  EXPECT_EQ(w.attention.bytes, 0u);
+  check_parts(all_parts(w), w.bytes, "e4m3");
+  for (int world : {1, 2, 8})
+    for (int64_t t : {1, 7, 300})
+      for (int rope : {0, 64}) {
+        auto x = shardq_shape(world, 8 * world, t, 3, std::max<int64_t>(1, t / world), size_t(t) * 77);
+        x.rope_dim = rope;
+        x.q_dtype = x.out_dtype = rope ? smla::DType::kBF16 : smla::DType::kFP16;
+        check_parts(all_parts(smla::shardq_workspace(x)), smla::shardq_workspace(x).bytes,
+                    "W " + std::to_string(world) + " T " + std::to_string(t) + " rope " + std::to_string(rope));
+      }
+}
+
+TEST(Workspace, ShardqBadShapeRefused) {
+  EXPECT_THROW(smla::shardq_workspace(shardq_shape(3, 16, 10, 1, 10, 0)), smla::Error);  // H not a multiple of W
+  EXPECT_THROW(smla::shardq_workspace(shardq_shape(2, 16, 10, 0, 10, 0)), smla::Error);  // no requests
+  EXPECT_THROW(smla::shardq_workspace(shardq_shape(2, 16, 10, 1, 11, 0)), smla::Error);  // slots > max_tokens
+  EXPECT_THROW(smla::shardq_workspace(shardq_shape(2, 16, 10, 1, 0, 0)), smla::Error);
+  auto bad = shardq_shape(2, 16, 10, 1, 5, 0);
+  bad.out_dtype = smla::DType::kFP32;
+  EXPECT_THROW(smla::shardq_workspace(bad), smla::Error);
+}
+
 }  // namespace

@@ -501,6 +501,40 @@ def test_dcp_shards_merge_to_the_unsharded_result():
     assert rel_l2(out, full) < 1e-5 and lse_diff(lse, full_lse) < 1e-4
 
 
+def test_shardq_ownership_and_simulated_step():
+    # The zigzag written from DESIGN.md §5b: 2W chunks of c = ceil(n / 2W), rank r owns chunks r and 2W-1-r.
+    for W in range(1, 9):
+        for n in range(0, 40):
+            c = -(-n // (2 * W))
+            for j in range(n):
+                k = j // c
+                assert smla.shardq_owner_rank(j, n, W) == (k if k < W else 2 * W - 1 - k)
+    assert smla.shardq_layout([10], 2) == [[0, 1, 2, 9], [3, 4, 5, 6, 7, 8]]
+    assert smla.shardq_max_tokens_per_rank(4096, 8, 1) == 514 and smla.shardq_max_tokens_per_rank(10, 8, 4) == 10
+    with pytest.raises(smla.SmlaError, match="outside its request"):
+        smla.shardq_owner_rank(5, 5, 2)
+    # One step of W ranks on the CPU backend: each rank attends its tokens with all H heads; put back
+    # in token order the outputs equal the unsharded call's bit for bit (rows are independent).
+    rng = np.random.default_rng(5)
+    W, H, K, L = 4, 8, 24, 50
+    lens = [13, 1, 0, 3, 7]  # requests shorter than 2W, and an empty one
+    T = sum(lens)
+    kv = smla.bf16_bits(rng.standard_normal((L, 576)).astype(np.float32))
+    q, _ = make_q(rng, T, H, 576)
+    idx = rng.integers(-1, L, size=(T, K)).astype(np.int32)
+    full, full_lse = smla.sparse_mla(q, kv, idx, format="bf16", softmax_scale=0.1, out_dtype="f32")
+    out = np.full_like(full, np.nan)
+    lse = np.full_like(full_lse, np.nan)
+    layout = smla.shardq_layout(lens, W)
+    assert sorted(t for toks in layout for t in toks) == list(range(T))
+    for rank, toks in enumerate(layout):
+        assert len(toks) <= smla.shardq_max_tokens_per_rank(T, W, len(lens))
+        if toks:
+            o, l = smla.sparse_mla(q[toks], kv, idx[toks], format="bf16", softmax_scale=0.1, out_dtype="f32")
+            out[toks], lse[toks] = o, l
+    assert np.array_equal(out, full) and np.array_equal(lse, full_lse)
+
+
 def test_finish_empty_rows_host():
     T, H = 4, 3
     out = np.ones((T, H, 512), np.float32)

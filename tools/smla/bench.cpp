@@ -168,6 +168,7 @@ ShardqSetup parse_shardq(const Args& a) {
   st.topk = int(a.get_int("topk", 2048, 1, 1 << 20));
   st.reps = int(a.get_int("reps", 30, 20, 1 << 20));  // >= 20: the spread needs the samples
   st.pool_rows = a.get_int("pool", 1 << 20, 1, int64_t(1) << 31);
+  st.a2a_gbps = int(a.get_int("a2a-gbps", 350, 1, 100000));
   check_json_path(a);
   return st;
 }
@@ -192,9 +193,9 @@ int cmd_bench(const Args& a) {
     for (const auto& kv : a.kv) {
       const std::string& key = kv.first;
       SMLA_CHECK(key == "shardq" || key == "format" || key == "formats" || key == "T" || key == "heads" ||
-                     key == "topk" || key == "reps" || key == "pool" || key == "json",
+                     key == "topk" || key == "reps" || key == "pool" || key == "json" || key == "a2a-gbps",
                  "--" + key + " has no effect with --shardq (it reads --format or --formats, --T, --heads, --topk, "
-                 "--reps, --pool and --json)");
+                 "--reps, --pool, --a2a-gbps and --json)");
     }
     const ShardqSetup setup = parse_shardq(a);  // every argument checked before a device is touched
 #if SMLA_HAVE_CUDA

@@ -43,6 +43,7 @@ struct ShardqSetup {
   std::vector<long long> Ts;         // tokens of the one prefill request
   int heads = 128, topk = 2048, reps = 30;
   long long pool_rows = 1 << 20;
+  int a2a_gbps = 350;  // all-to-all GB/s (bytes a rank sends its peers) assumed for predictions without W GPUs
 };
 ShardqSetup parse_shardq(const Args& a);
 

@@ -1,8 +1,14 @@
 // smla bench --dcp W: one decode step of DCP over NCCL on W GPUs (one process per GPU) against one
 // GPU holding the same total KV. Every token draws K random positions of one long request; the
 // pool (rows of random bf16) is made on the GPU. Reports the median step time of each, and the
-// share of the DCP step spent outside attention (index conversion, q all-gather, merge).
+// share of the DCP step spent outside attention (index conversion, q all-gather, merge), in three
+// modes side by side: a blocking communicator without a watchdog, the default (blocking + Dcp's
+// watchdog thread), and a nonblocking communicator (every NCCL call polled on the host). At W = 1
+// NCCL runs collectives as local copies without its per-call thread, so the nonblocking mode
+// costs only the all-to-all's group there; the watchdog's own cost is measured at any W.
 #include <cuda_runtime.h>
+
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -29,9 +35,18 @@ T* dalloc(size_t n) {
   return static_cast<T*>(p);
 }
 
+enum class Mode { kBlocking, kWatchdog, kNonblocking };
+constexpr Mode kModes[] = {Mode::kBlocking, Mode::kWatchdog, Mode::kNonblocking};
+const char* mode_name(Mode m) {
+  return m == Mode::kBlocking ? "blocking, no watchdog" : m == Mode::kWatchdog ? "default (watchdog)" : "nonblocking (polled)";
+}
+
 struct Setup {
   int world, heads, topk, reps;
   int64_t T, total_rows;
+  Mode mode;
+  bool one_gpu;          // also time the one-GPU step (rank 0)
+  double* step_ms_out;   // [2] shared with the parent (MAP_SHARED): the median step per merge path
 };
 
 // A one-request paged cache of `rows` rows (identity block table), random bf16 contents.
@@ -91,7 +106,7 @@ int rank_main(const Setup& su, int rank, const std::vector<uint8_t>& id) {
   auto* lse = dalloc<float>(size_t(T * Hl));
 
   double one_gpu_ms = 0;
-  if (rank == 0) {  // the same step on one GPU holding the whole KV
+  if (rank == 0 && su.one_gpu) {  // the same step on one GPU holding the whole KV
     const Shard full = make_shard(su.total_rows, 1, s);
     auto* idx = dalloc<int32_t>(size_t(T * K));
     auto* counts = dalloc<int32_t>(size_t(T));
@@ -122,10 +137,11 @@ int rank_main(const Setup& su, int rank, const std::vector<uint8_t>& id) {
 
   const int64_t local_rows = (su.total_rows + W - 1) / W;
   const Shard shard = make_shard(local_rows, 11 + rank, s);
-  void* comm = dist::make_comm(id, W, rank);
+  void* comm = dist::make_comm(id, W, rank, 60000, /*nonblocking=*/su.mode == Mode::kNonblocking);
   for (bool a2a : {false, true}) {
     dist::DcpConfig cfg;
     cfg.world = W, cfg.rank = rank, cfg.local_heads = Hl, cfg.topk = K, cfg.max_rows = T, cfg.all_to_all = a2a;
+    cfg.watchdog = su.mode != Mode::kBlocking;
     dist::Dcp dcp(comm, cfg);
     auto* ws = dalloc<uint8_t>(dcp.workspace_bytes());
     dist::DcpStepArgs a;
@@ -138,14 +154,16 @@ int rank_main(const Setup& su, int rank, const std::vector<uint8_t>& id) {
     dcp.step(a, ws, dcp.workspace_bytes(), s);
     dcp.wait(s, 60000);
     const auto tm = dcp.last_timing();
-    if (rank == 0)
-      std::printf("dcp  W=%d %-25s T=%-5lld H=%-3d K=%d total KV %lld rows: 1 GPU %8.4f ms | DCP step %8.4f ms "
-                  "(%.2fx), attention %.4f ms, index+comm+merge %.4f ms = %.0f%% of the step\n"
-                  "      repro: smla bench --dcp %d --T %lld --heads %d --topk %d --rows %lld\n",
+    if (rank == 0) {
+      su.step_ms_out[a2a ? 1 : 0] = step_ms;
+      char base[64] = "";
+      if (su.one_gpu) std::snprintf(base, sizeof base, "1 GPU %8.4f ms | ", one_gpu_ms);
+      std::printf("dcp  W=%d %-25s T=%-5lld H=%-3d K=%d total KV %lld rows, %-21s: %sDCP step %8.4f ms, "
+                  "attention %.4f ms, index+comm+merge %.4f ms = %.0f%% of the step\n",
                   W, a2a ? "all-to-all" : "all-gather+reduce-scatter", (long long)T, su.heads, K,
-                  (long long)su.total_rows, one_gpu_ms, step_ms, one_gpu_ms / step_ms, tm.attn_ms, tm.comm_ms,
-                  100.0 * tm.comm_ms / std::max(1e-9f, tm.total_ms), W, (long long)T, su.heads, K,
-                  (long long)su.total_rows);
+                  (long long)su.total_rows, mode_name(su.mode), base, step_ms, tm.attn_ms, tm.comm_ms,
+                  100.0 * tm.comm_ms / std::max(1e-9f, tm.total_ms));
+    }
     ck(cudaFree(ws), "cudaFree");
   }
   ck(cudaStreamSynchronize(s), "sync");
@@ -163,15 +181,35 @@ int bench_dcp(const Args& a) {
   su.total_rows = a.get_int("rows", 1 << 21, 1, int64_t(1) << 31);
   const auto Ts = a.get_ints("T", {1, 32, 128}, 1, 1 << 22);
   const auto Hs = a.get_ints("heads", {128}, 1, 1 << 12);
+  // The ranks are forked processes: rank 0 leaves its medians here for the comparison line.
+  void* shared = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  SMLA_CHECK(shared != MAP_FAILED, "smla bench --dcp: mmap of the result page failed");
+  auto* ms = static_cast<double*>(shared);
   int failed = 0;
   for (long long H : Hs)
     for (long long T : Ts) {
       su.heads = int(H), su.T = T;
       SMLA_CHECK(su.heads % su.world == 0, "--heads must be a multiple of --dcp");
-      const int f = dist::run_ranks(su.world, [&](int rank, const std::vector<uint8_t>& id) { return rank_main(su, rank, id); });
-      SMLA_CHECK(f >= 0, "smla bench --dcp " + std::to_string(su.world) + " needs " + std::to_string(su.world) + " GPUs");
-      failed += f;
+      double med[3][2] = {};
+      for (int m = 0; m < 3; ++m) {  // one communicator per mode (blocking is fixed at init): one launch each
+        su.mode = kModes[m], su.one_gpu = m == 0, su.step_ms_out = ms;
+        ms[0] = ms[1] = 0;
+        const int f = dist::run_ranks(su.world, [&](int rank, const std::vector<uint8_t>& id) { return rank_main(su, rank, id); });
+        SMLA_CHECK(f >= 0, "smla bench --dcp " + std::to_string(su.world) + " needs " + std::to_string(su.world) + " GPUs");
+        failed += f;
+        med[m][0] = ms[0], med[m][1] = ms[1];
+      }
+      for (int p = 0; p < 2; ++p) {
+        const double b = med[0][p];
+        auto rel = [&](double x) { return b > 0 && x > 0 ? 100.0 * (x / b - 1.0) : 0.0; };
+        std::printf("dcp  W=%d %-25s T=%-5lld H=%-3lld: blocking %.4f ms | default (watchdog) %.4f ms (%+.1f%%) | "
+                    "nonblocking (polled) %.4f ms (%+.1f%%)\n"
+                    "      repro: smla bench --dcp %d --T %lld --heads %lld --topk %d --rows %lld --reps %d\n",
+                    su.world, p ? "all-to-all" : "all-gather+reduce-scatter", T, H, b, med[1][p], rel(med[1][p]),
+                    med[2][p], rel(med[2][p]), su.world, T, H, su.topk, (long long)su.total_rows, su.reps);
+      }
     }
+  munmap(shared, 4096);
   return failed ? 1 : 0;
 }
 

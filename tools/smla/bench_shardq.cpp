@@ -1,15 +1,23 @@
-// smla bench --shardq W[,W...]: the attention part of one TP-W prefill layer on one GPU, with and
-// without ShardQ (DESIGN.md §5b, issue #22), so the gain shows without W GPUs.
+// smla bench --shardq W[,W...]: ShardQ prefill (DESIGN.md §5b, issue #22).
 //
-// One prefill request of T tokens, K random rows per token from a pool made on the device (rows
-// shared by both variants). Per (format, T, W):
+// On >= W GPUs (W >= 2, NCCL build), first the whole step of dist::ShardQ on W GPUs, one process per
+// GPU: its median time, the share of the two all-to-alls, the attention and the rest (ownership,
+// packing), the bandwidth the all-to-alls reached (bytes each rank sends its peers, padded slots
+// included, per second) against a plain NCCL all-to-all (grouped send / recv) of the same bytes
+// measured in the same run.
+//
+// Then, on one GPU, the attention part of one TP-W prefill layer with and without ShardQ, so the
+// gain shows without W GPUs. One prefill request of T tokens, K random rows per token from a pool
+// made on the device (rows shared by both variants). Per (format, T, W):
 //   head-sharded: what one TP rank does today, H / W heads on all T tokens;
 //   ShardQ:       what rank 0 does with ShardQ, all H heads on the tokens it owns under the zigzag
 //                 layout (shardq::make_layout), with those tokens' top-k rows.
 // Both medians, their ratio (ShardQ / head-sharded; #22's target at W = 8: <= 0.35), and the bytes
-// each rank sends in the step's two all-to-alls (exact counts from the layout, no padding), so a
-// step time can be predicted from a measured NCCL all-to-all bandwidth. The ceilings of DESIGN.md
-// §7 (cuBLAS bf16 GEMM, device-to-device copy) are measured first, in the same run.
+// each rank sends in the step's two all-to-alls (exact counts from the layout, no padding). From
+// those a predicted ShardQ step per W: attention + all-to-all bytes at the NCCL bandwidth measured
+// above for that W (else at the largest W measured, else at --a2a-gbps, an assumption the line states) + the step's
+// four copies (pack q, assemble q, split out, unpack out) at the measured copy rate. The ceilings
+// of DESIGN.md §7 (cuBLAS bf16 GEMM, device-to-device copy) are measured first, in the same run.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -25,6 +33,13 @@
 #include "smla/formats.h"
 #include "smla/plan.h"
 #include "smla/shardq.h"
+#if SMLA_HAVE_NCCL
+#include <nccl.h>
+#include <unistd.h>
+
+#include "devtools/launch.h"
+#include "smla/dist.h"
+#endif
 
 namespace smla::cli {
 namespace {
@@ -61,9 +76,151 @@ struct Variant {
   double flops = 0, bytes = 0;
 };
 
+#if SMLA_HAVE_NCCL
+// What rank 0 of a W-GPU step run hands back to the parent (through a pipe), per (format, T).
+struct StepResult {
+  int format = 0;
+  long long T = 0;
+  double step_ms = 0, nccl_a2a_gbps = 0;
+};
+
+// The whole ShardQ step on W GPUs, rank `rank` of one forked process per GPU. Rank 0 prints.
+int step_rank_main(const ShardqSetup& st, int W, int rank, const std::vector<uint8_t>& id, int result_fd) {
+  ck(cudaSetDevice(rank), "cudaSetDevice");
+  cudaStream_t s;
+  ck(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream");
+  const int H = st.heads, Hs = H / W, K = st.topk, warmup = 3;
+  void* comm = dist::make_comm(id, W, rank);
+  ncclComm_t nc = static_cast<ncclComm_t>(comm);
+  uint64_t seed = 900;
+  for (KvFormat fmt : st.formats) {
+    const int rb = row_bytes(fmt, kRopeDim);
+    DevMem pool(size_t(st.pool_rows) * rb);  // the replicated cache: the same rows on every rank
+    if (format_is_quantized(fmt)) gpu_bench::fill_quantized_pool(static_cast<uint8_t*>(pool.p), st.pool_rows, fmt, kRopeDim, s);
+    else cuda::fill_random_16bit(pool.p, size_t(st.pool_rows) * rb / 2, DType::kBF16, 1, s);
+    for (long long T : st.Ts) {
+      DevMem idx(size_t(T) * K * 4), q(size_t(T) * Hs * kD * kQBytes), out(size_t(T) * Hs * kLatentDim * kOutBytes);
+      DevMem lse(size_t(T) * Hs * 4), cu(8);
+      cuda::fill_random_rows(static_cast<int32_t*>(idx.p), size_t(T) * K, st.pool_rows, ++seed, s);  // same top-k on every rank
+      cuda::fill_random_16bit(q.p, size_t(T) * Hs * kD, DType::kBF16, ++seed + uint64_t(rank) * 7919, s);
+      const int32_t cu_h[2] = {0, int32_t(T)};
+      ck(cudaMemcpy(cu.p, cu_h, 8, cudaMemcpyHostToDevice), "H2D");
+      dist::ShardqConfig cfg;
+      cfg.world = W, cfg.rank = rank, cfg.num_heads = H, cfg.format = fmt, cfg.topk = K, cfg.max_tokens = T;
+      cfg.max_requests = 1, cfg.timeout_ms = 60000;
+      dist::ShardQ sq(comm, cfg);
+      DevMem ws(std::max<size_t>(sq.workspace_bytes(), 256));
+      dist::ShardqStepArgs a;
+      a.num_tokens = T, a.num_requests = 1, a.cu_seqlens = static_cast<const int32_t*>(cu.p), a.q = q.p;
+      a.idx = static_cast<const int32_t*>(idx.p), a.kv = pool.p, a.num_rows = st.pool_rows, a.kv_row_stride_bytes = rb;
+      a.softmax_scale = 0.1352338f, a.out = out.p, a.lse = static_cast<float*>(lse.p);
+      const Timing step = time_events(s, warmup, st.reps, [&](int) { sq.step(a, ws.p, sq.workspace_bytes(), s); });
+      sq.wait(s, 60000);
+      // The parts, from events inside the step (medians over reps steps, each waited for).
+      sq.enable_timing(true);
+      std::vector<float> a2a_q, a2a_o, attn, other;
+      for (int i = 0; i < st.reps; ++i) {
+        sq.step(a, ws.p, sq.workspace_bytes(), s);
+        sq.wait(s, 60000);
+        const auto t = sq.last_timing();
+        a2a_q.push_back(t.a2a_q_ms), a2a_o.push_back(t.a2a_out_ms), attn.push_back(t.attn_ms), other.push_back(t.other_ms);
+      }
+      sq.enable_timing(false);
+      auto med = [](std::vector<float> v) {
+        std::sort(v.begin(), v.end());
+        return double(v[v.size() / 2]);
+      };
+      // A plain NCCL all-to-all of the same blocks (q, then out + lse), same buffers.
+      const size_t qb = sq.a2a_q_bytes() / size_t(W), ob = sq.a2a_out_bytes(false) / size_t(W);
+      const size_t lb = (sq.a2a_out_bytes(true) - sq.a2a_out_bytes(false)) / size_t(W);
+      DevMem sa(std::max(qb, ob) * W), ra(std::max(qb, ob) * W), sl(std::max<size_t>(lb * W, 16)), rl(std::max<size_t>(lb * W, 16));
+      auto a2a = [&](size_t bytes, size_t lbytes) {
+        ck(ncclGroupStart() == ncclSuccess ? cudaSuccess : cudaErrorUnknown, "ncclGroupStart");
+        for (int p = 0; p < W; ++p) {
+          ncclSend(static_cast<uint8_t*>(sa.p) + p * bytes, bytes, ncclUint8, p, nc, s);
+          ncclRecv(static_cast<uint8_t*>(ra.p) + p * bytes, bytes, ncclUint8, p, nc, s);
+          if (lbytes) {
+            ncclSend(static_cast<uint8_t*>(sl.p) + p * lbytes, lbytes, ncclUint8, p, nc, s);
+            ncclRecv(static_cast<uint8_t*>(rl.p) + p * lbytes, lbytes, ncclUint8, p, nc, s);
+          }
+        }
+        ncclResult_t r = ncclGroupEnd();
+        while (r == ncclInProgress) ncclCommGetAsyncError(nc, &r);
+        SMLA_CHECK(r == ncclSuccess, std::string("NCCL all-to-all: ") + ncclGetErrorString(r));
+      };
+      const Timing ref_q = time_events(s, warmup, st.reps, [&](int) { a2a(qb, 0); });
+      const Timing ref_o = time_events(s, warmup, st.reps, [&](int) { a2a(ob, lb); });
+      const double peer_q = double(qb) * (W - 1), peer_o = double(ob + lb) * (W - 1);  // bytes to peers per rank
+      const double q_ms = med(a2a_q), o_ms = med(a2a_o), at_ms = med(attn), ot_ms = med(other);
+      const double sum = q_ms + o_ms + at_ms + ot_ms;
+      const double gbps_step = (peer_q + peer_o) / ((q_ms + o_ms) * 1e-3) / 1e9;
+      const double gbps_nccl = (peer_q + peer_o) / ((ref_q.median + ref_o.median) * 1e-3) / 1e9;
+      if (rank == 0) {
+        const std::string fname(to_string(fmt));
+        std::printf("step W=%d %-10s T %6lld H %d K %d slots %lld | step %s [%s, %s] | a2a q %.3f ms + out %.3f ms = "
+                    "%.0f%% of the parts, attention %.3f ms (%.0f%%), ownership+packing %.3f ms (%.0f%%) | a2a %.1f MB to "
+                    "peers per rank at %.1f GB/s; plain NCCL all-to-all of the same bytes %.3f + %.3f ms = %.1f GB/s: "
+                    "reached %.2f%s\n        repro: smla bench --shardq %d --format %s --T %lld --heads %d --topk %d\n",
+                    W, fname.c_str(), T, H, K, (long long)sq.slots(), format_time(step.median).c_str(),
+                    format_time(step.min).c_str(), format_time(step.max).c_str(), q_ms, o_ms, 100 * (q_ms + o_ms) / sum,
+                    at_ms, 100 * at_ms / sum, ot_ms, 100 * ot_ms / sum, (peer_q + peer_o) / 1e6, gbps_step, ref_q.median,
+                    ref_o.median, gbps_nccl, gbps_step / gbps_nccl,
+                    gbps_step / gbps_nccl >= 0.8 ? " (>= 0.8: meets #22)" : " (< 0.8: misses #22's target)", W,
+                    fname.c_str(), T, H, K);
+        std::fflush(stdout);
+        StepResult r;
+        r.format = int(fmt), r.T = T, r.step_ms = step.median, r.nccl_a2a_gbps = gbps_nccl;
+        SMLA_CHECK(write(result_fd, &r, sizeof r) == ssize_t(sizeof r), "bench: writing a step result failed");
+      }
+    }
+  }
+  ck(cudaStreamSynchronize(s), "sync");
+  dist::destroy_comm(comm);
+  return 0;
+}
+
+// Runs the step on W GPUs; returns rank 0's results, or nothing with fewer than W GPUs.
+std::vector<StepResult> bench_step(const ShardqSetup& st, int W, bool* ran) {
+  int fds[2];
+  SMLA_CHECK(pipe(fds) == 0, "bench: pipe failed");
+  const int failed = dist::run_ranks(W, [&](int rank, const std::vector<uint8_t>& id) {
+    close(fds[0]);
+    return step_rank_main(st, W, rank, id, fds[1]);
+  });
+  close(fds[1]);
+  std::vector<StepResult> res;
+  StepResult r;
+  while (read(fds[0], &r, sizeof r) == ssize_t(sizeof r)) res.push_back(r);
+  close(fds[0]);
+  *ran = failed >= 0;
+  SMLA_CHECK(failed <= 0, "smla bench --shardq " + std::to_string(W) + ": " + std::to_string(failed) +
+                              " rank(s) failed the ShardQ step (see their lines above)");
+  return res;
+}
+#endif
+
 }  // namespace
 
 int bench_shardq(const Args& a, const ShardqSetup& st) {
+  // The W-GPU steps first: run_ranks forks, and this process must not have touched CUDA before.
+  std::vector<std::pair<int, double>> measured_gbps;  // (W, NCCL all-to-all GB/s to peers) from the step runs
+#if SMLA_HAVE_NCCL
+  for (int W : st.worlds) {
+    bool ran = false;
+    std::printf("ShardQ step on %d GPUs (one process per GPU) ...\n", W);
+    std::fflush(stdout);
+    const auto res = bench_step(st, W, &ran);
+    if (!ran) {
+      std::printf("  fewer than %d GPUs visible: the W = %d step is not run; its time is predicted below\n", W, W);
+      continue;
+    }
+    double g = 0;
+    for (const auto& r : res) g = std::max(g, r.nccl_a2a_gbps);  // the largest case's rate is the link's
+    if (g > 0) measured_gbps.emplace_back(W, g);
+  }
+#else
+  std::printf("this build has no NCCL: the W-GPU ShardQ step is not run; its time is predicted below\n");
+#endif
   SMLA_CHECK(cuda::device_count() > 0, "no CUDA device found; smla bench --shardq needs a GPU");
   const int H = st.heads, K = st.topk, reps = st.reps, warmup = 3;
   const int64_t pool_rows = st.pool_rows;
@@ -178,8 +335,29 @@ int bench_shardq(const Args& a, const ShardqSetup& st) {
                     format_time(sq.t.max).c_str(), sq.kernel.c_str(), n0 > 0 ? roofline(sq) : 0.0, ratio,
                     W == 8 ? (ratio <= 0.35 ? " (<= 0.35: meets #22)" : " (> 0.35: misses #22's target)") : "",
                     b.q / 1e6, b.out / 1e6, b.lse / 1e6, b.total() / 1e6, repro.c_str());
+        // The predicted ShardQ step of this W: attention + all-to-alls + the step's four copies.
+        // The bandwidth measured at this W, else at the largest W measured (a rank's NVLink rate to its
+        // peers hardly depends on how many share it), else the stated assumption.
+        double gbps = double(st.a2a_gbps);
+        int measured_w = 0;
+        for (const auto& [w, g] : measured_gbps)
+          if (measured_w != W && (w == W || w > measured_w)) gbps = g, measured_w = w;
+        const bool measured = measured_w > 0;
+        const std::string source = !measured ? "assumed: no multi-GPU run here; --a2a-gbps sets it"
+                                   : measured_w == W
+                                       ? "NCCL all-to-all measured on W GPUs in this run"
+                                       : "NCCL all-to-all measured on " + std::to_string(measured_w) + " GPUs in this run";
+        const double local = double(T) * (H / W);  // (token, head) pairs each rank holds
+        const double copies_ms = 4.0 * local * (kD * kQBytes + kLatentDim * kOutBytes) / (copy * 1e12) * 1e3;
+        const double a2a_ms = b.total() / (gbps * 1e9) * 1e3;
+        const double pred_ms = sq.t.median + a2a_ms + copies_ms;
+        std::printf("        predicted ShardQ step at W = %d: attention %.3f + all-to-alls %.3f (%.1f MB at %.0f GB/s, %s) "
+                    "+ copies %.3f = %.3f ms vs head-sharded attention %.3f ms: ShardQ %s (%.2fx)\n",
+                    W, sq.t.median, a2a_ms, b.total() / 1e6, gbps,
+                    source.c_str(),
+                    copies_ms, pred_ms, hs.t.median, pred_ms < hs.t.median ? "wins" : "loses", hs.t.median / pred_ms);
         std::fflush(stdout);  // a long run shows each case as it finishes
-        char js[1536];
+        char js[2048];
         std::snprintf(js, sizeof js,
                       "  {\"format\": \"%s\", \"T\": %lld, \"W\": %d, \"H\": %d, \"K\": %d, "
                       "\"head_sharded\": {\"heads\": %d, \"tokens\": %lld, \"median_ms\": %.6f, \"min_ms\": %.6f, "
@@ -187,11 +365,12 @@ int bench_shardq(const Args& a, const ShardqSetup& st) {
                       "\"shardq\": {\"heads\": %d, \"tokens\": %lld, \"max_tokens_over_ranks\": %lld, \"median_ms\": %.6f, "
                       "\"min_ms\": %.6f, \"max_ms\": %.6f, \"kernel\": \"%s\", \"roofline_fraction\": %.4f}, "
                       "\"ratio\": %.5f, \"a2a_send_bytes_per_rank\": {\"q\": %.0f, \"out\": %.0f, \"lse\": %.0f, "
-                      "\"total\": %.0f}, \"repro\": \"%s\"}",
+                      "\"total\": %.0f}, \"predicted_step\": {\"a2a_gbps\": %.1f, \"a2a_gbps_measured\": %s, "
+                      "\"a2a_ms\": %.6f, \"copies_ms\": %.6f, \"step_ms\": %.6f}, \"repro\": \"%s\"}",
                       fname.c_str(), T, W, H, K, H / W, T, hs.t.median, hs.t.min, hs.t.max, hs.kernel.c_str(),
                       roofline(hs), H, (long long)n0, (long long)nmax, sq.t.median, sq.t.min, sq.t.max,
-                      sq.kernel.c_str(), n0 > 0 ? roofline(sq) : 0.0, ratio, b.q, b.out, b.lse, b.total(),
-                      repro.c_str());
+                      sq.kernel.c_str(), n0 > 0 ? roofline(sq) : 0.0, ratio, b.q, b.out, b.lse, b.total(), gbps,
+                      measured ? "true" : "false", a2a_ms, copies_ms, pred_ms, repro.c_str());
         json.push_back(js);
       }
     }
