@@ -53,7 +53,7 @@ std::string right(const std::string& s, size_t width) {
 void print_header(bool with_ceilings) {
   std::printf("%-7s %-4s %-26s %-15s %6s %4s %5s %4s %11s  %-25s %-16s %-12s%s\n", "case", "back", "kernel", "format",
               "T", "H", "K", "D", "median", "[min, max]", "compute", "memory",
-              with_ceilings ? "  GEMM  copy  roofline gather (fractions of the ceilings; gather: memory-bound cases)"
+              with_ceilings ? "  GEMM  copy  roofline gather [its time] (fractions of the ceilings; gather: memory-bound cases)"
                             : "");
   std::fflush(stdout);
 }
@@ -73,10 +73,9 @@ void print_record(const BenchRecord& r, size_t index, size_t total) {
     std::printf("  %.2f  %.2f  %.2f", r.tflops() / r.gemm_tflops, r.tbps() / r.copy_tbps, r.roofline_fraction());
     if (r.gather_fraction() > 0) std::printf("     %.2f", r.gather_fraction());
     else std::printf("        -");
+    if (r.gather_ms > 0) std::printf(" [%s]", format_time(r.gather_ms).c_str());
   }
-  std::printf("\n        repro: %s", r.repro.c_str());
-  if (r.gather_ms > 0) std::printf("   (gather limit of these rows: %s)", format_time(r.gather_ms).c_str());
-  std::printf("\n");
+  std::printf("\n        repro: %s\n", r.repro.c_str());
   std::fflush(stdout);  // a long run shows each case as it finishes
 }
 
