@@ -25,4 +25,14 @@ void gpu_sleep(uint64_t ns, void* stream);
 // that never finishes (a peer that stopped taking part) for the watchdog tests.
 void gpu_wait_host_flag(const volatile uint32_t* flag_device_ptr, void* stream);
 
+// The gather limit of a sparse-attention case (issue #19): reads the row_bytes-byte rows
+// pool[idx[i]], i < count, with 16-byte loads and several rows in flight per warp, and stores
+// nothing but a word in `sink` (one device uint32, written only when the loaded data's checksum hits
+// a magic value, so the loads cannot be removed). Ids outside [0, num_rows) are skipped. row_bytes:
+// a multiple of 16 up to kGatherMaxRowBytes; pool 16-byte aligned.
+inline constexpr int kGatherMaxRowBytes = 9216;
+bool gather_supports_row_bytes(int row_bytes);
+void gather_rows(const void* pool, int64_t num_rows, int row_bytes, const int32_t* idx, int64_t count, uint32_t* sink,
+                 void* stream);
+
 }  // namespace smla::cuda

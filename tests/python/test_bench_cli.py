@@ -117,3 +117,21 @@ def test_phases_need_the_phase_timer_build():
                        capture_output=True, text=True, timeout=60)
     assert r.returncode != 0
     assert "-DSMLA_PHASE_TIMER=ON" in r.stderr, r.stderr
+
+
+def test_json_says_which_cases_are_quoted_against_the_gather_limit(tmp_path):
+    # Memory-bound cases (H <= 64, and every quantized cache) are the ones `smla bench` quotes
+    # against the gather limit on a GPU; the CPU backend measures no ceiling, so nothing is quoted.
+    quoted = {}
+    for fmt in ("bf16", "fp8_ds_mla", "nvfp4_ds_mla"):
+        out = tmp_path / f"{fmt}.json"
+        r = bench("--format", fmt, "--heads", "128,64,16", "--T", "1", "--topk", "4", "--reps", "1", "--json", str(out))
+        assert r.returncode == 0, r.stderr
+        data = json.loads(out.read_text())
+        assert data["gather_tbps"] == 0 and data["gather_row_bytes"] == 0
+        for c in data["cases"]:
+            quoted[(fmt, c["H"])] = c["memory_bound"]
+            assert c["gather_ms"] == 0 and c["gather_fraction"] == 0, c
+    assert quoted == {("bf16", 128): False, ("bf16", 64): True, ("bf16", 16): True,
+                      ("fp8_ds_mla", 128): True, ("fp8_ds_mla", 64): True, ("fp8_ds_mla", 16): True,
+                      ("nvfp4_ds_mla", 128): True, ("nvfp4_ds_mla", 64): True, ("nvfp4_ds_mla", 16): True}

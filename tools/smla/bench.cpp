@@ -23,6 +23,15 @@ double BenchRecord::roofline_fraction() const {
   return floor_s / (median_ms * 1e-3);
 }
 
+bool BenchRecord::memory_bound() const {
+  const std::string base = format.substr(0, format.find('+'));  // "fp8_e4m3+q_e4m3": the cache's format
+  return H <= 64 || format_is_quantized(parse_kv_format(base));
+}
+
+double BenchRecord::gather_fraction() const {
+  return memory_bound() && gather_ms > 0 && median_ms > 0 ? gather_ms / median_ms : 0.0;
+}
+
 std::string format_time(double ms) {
   // µs below a millisecond, ms below a second, else s: three or four significant digits.
   char b[32];
@@ -44,7 +53,8 @@ std::string right(const std::string& s, size_t width) {
 void print_header(bool with_ceilings) {
   std::printf("%-7s %-4s %-26s %-15s %6s %4s %5s %4s %11s  %-25s %-16s %-12s%s\n", "case", "back", "kernel", "format",
               "T", "H", "K", "D", "median", "[min, max]", "compute", "memory",
-              with_ceilings ? "  GEMM  copy  roofline (fractions of the ceilings)" : "");
+              with_ceilings ? "  GEMM  copy  roofline gather [its time] (fractions of the ceilings; gather: memory-bound cases)"
+                            : "");
   std::fflush(stdout);
 }
 
@@ -59,8 +69,12 @@ void print_record(const BenchRecord& r, size_t index, size_t total) {
   std::printf("%-7s %-4s %-26s %-15s %6lld %4lld %5lld %4lld %s  %s %-16s %-12s", progress.c_str(), r.backend.c_str(),
               r.kernel.c_str(), r.format.c_str(), r.T, r.H, r.K, r.D, right(format_time(r.median_ms), 11).c_str(),
               (range + std::string(range.size() < 26 ? 26 - range.size() : 0, ' ')).c_str(), rate, bw);
-  if (r.gemm_tflops > 0)
+  if (r.gemm_tflops > 0) {
     std::printf("  %.2f  %.2f  %.2f", r.tflops() / r.gemm_tflops, r.tbps() / r.copy_tbps, r.roofline_fraction());
+    if (r.gather_fraction() > 0) std::printf("     %.2f", r.gather_fraction());
+    else std::printf("        -");
+    if (r.gather_ms > 0) std::printf(" [%s]", format_time(r.gather_ms).c_str());
+  }
   std::printf("\n        repro: %s\n", r.repro.c_str());
   std::fflush(stdout);  // a long run shows each case as it finishes
 }
@@ -79,18 +93,20 @@ void check_json_path(const Args& a) {
 }
 
 void write_json(const std::string& path, const std::vector<BenchRecord>& recs, const std::string& device,
-                double gemm_tflops, double copy_tbps) {
+                double gemm_tflops, double copy_tbps, double gather_tbps, int gather_row_bytes) {
   std::ofstream f(path);
   SMLA_CHECK(f.good(), "cannot write --json file '" + path + "'");
   f << "{\"device\": \"" << device << "\", \"gemm_tflops\": " << gemm_tflops << ", \"copy_tbps\": " << copy_tbps
-    << ", \"cases\": [\n";
+    << ", \"gather_tbps\": " << gather_tbps << ", \"gather_row_bytes\": " << gather_row_bytes << ", \"cases\": [\n";
   for (size_t i = 0; i < recs.size(); ++i) {
     const auto& r = recs[i];
     f << "  {\"backend\": \"" << r.backend << "\", \"kernel\": \"" << r.kernel << "\", \"format\": \"" << r.format
       << "\", \"T\": " << r.T << ", \"H\": " << r.H << ", \"K\": " << r.K << ", \"D\": " << r.D
       << ", \"median_ms\": " << r.median_ms << ", \"min_ms\": " << r.min_ms << ", \"max_ms\": " << r.max_ms
       << ", \"tflops\": " << r.tflops() << ", \"tbps\": " << r.tbps()
-      << ", \"roofline_fraction\": " << (r.gemm_tflops > 0 ? r.roofline_fraction() : 0.0) << ", \"repro\": \""
+      << ", \"roofline_fraction\": " << (r.gemm_tflops > 0 ? r.roofline_fraction() : 0.0)
+      << ", \"memory_bound\": " << (r.memory_bound() ? "true" : "false") << ", \"gather_ms\": " << r.gather_ms
+      << ", \"gather_fraction\": " << r.gather_fraction() << ", \"repro\": \""
       << r.repro << "\"}" << (i + 1 < recs.size() ? "," : "") << "\n";
   }
   f << "]}\n";

@@ -17,11 +17,18 @@ struct BenchRecord {
   double median_ms = 0, min_ms = 0, max_ms = 0;
   double flops = 0, bytes = 0;         // DESIGN.md §7 counts
   double gemm_tflops = 0, copy_tbps = 0;  // ceilings measured in the same run (0 on the CPU)
+  // The third ceiling (issue #19): a kernel that only reads the same rows (same index sets, 16-byte
+  // loads) in the same run, median of the same number of reps; 0: not measured (CPU, odd row size).
+  double gather_ms = 0;
   std::string repro;                   // command that reproduces the case
   double tflops() const { return flops / (median_ms * 1e-3) / 1e12; }
   double tbps() const { return bytes / (median_ms * 1e-3) / 1e12; }
   // max(bytes / copy, flops / gemm) / time: 1.0 is the roofline.
   double roofline_fraction() const;
+  // Memory-bound cases are quoted against the gather limit: H <= 64, and every quantized format.
+  bool memory_bound() const;
+  // gather_ms / median_ms for a memory-bound case with a measured gather limit, else 0 (not quoted).
+  double gather_fraction() const;
 };
 
 // "812.3 µs", "12.345 ms", "1.23 s": the unit that fits.
@@ -32,8 +39,9 @@ void print_header(bool with_ceilings);
 void print_record(const BenchRecord& r, size_t index, size_t total);
 // --json FILE: refuses a path that cannot be written, before anything runs.
 void check_json_path(const Args& a);
+// gather_tbps: the run's gather-limit rate (reads only) of its row size, 0 where none was measured.
 void write_json(const std::string& path, const std::vector<BenchRecord>& recs, const std::string& device,
-                double gemm_tflops, double copy_tbps);
+                double gemm_tflops, double copy_tbps, double gather_tbps = 0, int gather_row_bytes = 0);
 
 // smla bench --shardq W[,W...]: what it runs, parsed and checked before any device is touched (in
 // every build, so a bad combination is refused the same way with or without CUDA).

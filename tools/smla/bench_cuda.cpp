@@ -1,6 +1,8 @@
 // smla bench on a GPU: measures the two ceilings of DESIGN.md §7 in the same run (cuBLAS bf16
 // GEMM rate, device-to-device copy bandwidth), then times the sparse MLA kernel over a grid of
-// heads x rows with K random rows per token from a 1M-row pool made on the device.
+// heads x rows with K random rows per token from a 1M-row pool made on the device. The third
+// ceiling, the gather limit (issue #19), is measured per case: a kernel that only reads the case's
+// rows (same pool, same index sets, same reps) — memory-bound cases are quoted against it.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -98,7 +100,7 @@ int bench_cuda(const Args& a) {
   cudaStream_t s;
   ck(cudaStreamCreate(&s), "stream");
 
-  std::printf("measuring the ceilings (cuBLAS bf16 GEMM, device-to-device copy) ...\n");
+  std::printf("measuring the ceilings (cuBLAS bf16 GEMM, device-to-device copy, gather of the rows) ...\n");
   std::fflush(stdout);
   const double gemm = measure_gemm_tflops(s);
   const double copy = measure_copy_tbps(s);
@@ -113,6 +115,26 @@ int bench_cuda(const Args& a) {
   DevMem pool(size_t(pool_rows) * rb);
   if (format_is_quantized(fmt)) fill_quantized_pool(static_cast<uint8_t*>(pool.p), pool_rows, fmt, rope, s);
   else cuda::fill_random_16bit(pool.p, size_t(pool_rows) * rb / 2, qt, 1, s);
+
+  // The gather limit's rate for this row size: 8M random rows (T = 4096, K = 2048) of the pool,
+  // read only. Each case below measures its own gather time on its own index sets.
+  const bool gather = cuda::gather_supports_row_bytes(rb);
+  DevMem gather_sink(16);
+  double gather_tbps = 0;
+  if (gather) {
+    const int64_t n = int64_t(1) << 23;
+    DevMem gidx(size_t(n) * 4);
+    cuda::fill_random_rows(static_cast<int32_t*>(gidx.p), size_t(n), pool_rows, 99, s);
+    const Timing tg = time_events(s, 2, 20, [&](int) {
+      cuda::gather_rows(pool.p, pool_rows, rb, static_cast<const int32_t*>(gidx.p), n,
+                        static_cast<uint32_t*>(gather_sink.p), s);
+    });
+    gather_tbps = double(n) * rb / (tg.median * 1e-3) / 1e12;
+    std::printf("gather limit: %lld random %d-B rows of the pool read (16-byte loads, nothing stored) in %s: "
+                "%.3f TB/s (reads only)\n", (long long)n, rb, format_time(tg.median).c_str(), gather_tbps);
+  } else {
+    std::printf("gather limit: not measured (%d-B rows are not a multiple of 16 B)\n", rb);
+  }
 
   std::vector<BenchRecord> recs;
   uint64_t seed = 100;
@@ -156,6 +178,14 @@ int bench_cuda(const Args& a) {
         if (phases) cuda::phase::stamp(phase_buf + cuda::phase::kStreamBase + 1, s);
       });
 
+      // The gather limit of the same rows: the same index sets in the same order, the same reps.
+      Timing tgather;
+      if (gather)
+        tgather = time_events(s, warmup, reps, [&](int i) {
+          cuda::gather_rows(pool.p, pool_rows, rb, p.idx + size_t(i % rot) * idx_elems, int64_t(idx_elems),
+                            static_cast<uint32_t*>(gather_sink.p), s);
+        });
+
       BenchRecord r;
       r.backend = "cuda";
       Geometry g = geometry_of(p);
@@ -168,6 +198,7 @@ int bench_cuda(const Args& a) {
       r.flops = 2.0 * H * r.valid_entries * (D + kLatentDim);
       r.bytes = r.valid_entries * rb;
       r.gemm_tflops = gemm, r.copy_tbps = copy;
+      r.gather_ms = tgather.median;
       r.repro = "smla bench --format " + std::string(to_string(fmt)) + (q_e4m3 ? " --q e4m3" : "") +
                 (score != ScorePrecision::kAuto ? " --score " + std::string(to_string(score)) : "") + " --heads " + std::to_string(H) + " --T " + std::to_string(T) +
                 " --topk " + std::to_string(K) + " --dim " + std::to_string(D) +
@@ -202,7 +233,7 @@ int bench_cuda(const Args& a) {
     }
   cuda::phase::set_buffer(nullptr);
   cudaStreamDestroy(s);
-  if (a.has("json")) write_json(a.get("json", ""), recs, dev.name, gemm, copy);
+  if (a.has("json")) write_json(a.get("json", ""), recs, dev.name, gemm, copy, gather_tbps, gather ? rb : 0);
   return 0;
 }
 
