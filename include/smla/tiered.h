@@ -51,6 +51,9 @@ struct TieredCacheConfig {
 // The default hot-buffer size for top-k K: round_up(2K + 1, 128). Example: K = 2048 -> 4224.
 int default_hot_slots(int topk);
 
+// Hand-off words per request in the state (the most copy blocks the CUDA resolver gives one request).
+inline constexpr int kTieredCopyFlags = 128;
+
 // Device counters of a tiered cache (the first bytes of its state). Read them whenever you like
 // (a device-to-host copy of this struct); reset_tiered_state zeroes them.
 struct TieredCounters {
@@ -73,6 +76,8 @@ static_assert(sizeof(TieredCounters) == 48);
 struct TieredStateLayout {
   size_t counters = 0;  // TieredCounters
   size_t stamps = 0;    // [max_requests, R] uint32 LRU stamps (0: never used); slot R - 1's: the request's clock
+  size_t copy_flags = 0;  // [max_requests, kTieredCopyFlags] uint32: the CUDA resolver's hand-off words to its
+                          // copy blocks (a step's miss count + 1 while in flight; 0 between steps)
   size_t zero_end = 0;  // [0, zero_end) starts 0
   size_t slot_pos = 0;  // [max_requests, R] int32 position held by each slot (-1: none)
   size_t pos_slot = 0;  // [max_requests, max_positions] int32 slot of each position (-1: not hot)

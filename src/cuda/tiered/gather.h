@@ -13,4 +13,9 @@ namespace smla::cuda {
 void gather_rows_from_host(const void* src, int64_t src_stride, const int32_t* rows, int64_t n, void* dst,
                            int64_t dst_stride, int row_bytes, void* stream);
 
+// Tests only: copy_kernel's blocks per request for the following resolve_tiered calls in this
+// process (0: the launcher's choice; capped at kTieredCopyFlags). One block per request
+// makes every list longer than 4096 pieces take several copy rounds.
+void set_tiered_copy_blocks_for_testing(int blocks_per_request);
+
 }  // namespace smla::cuda
