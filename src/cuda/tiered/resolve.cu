@@ -74,6 +74,7 @@ struct CopyJob {
   int32_t src_row;
   int32_t pos;
 };
+static_assert(sizeof(CopyJob) == 8 && alignof(CopyJob) == 4, "copy_kernel reads a CopyJob as one int2");
 
 struct ResolveParams {
   const int32_t* positions;  // [T, K], row stride pos_stride_t
@@ -214,11 +215,11 @@ __device__ void collect_tokens(const ResolveParams& p, int r, Smem& sm, int32_t 
 template <class Smem>
 __device__ void classify_entries(const ResolveParams& p, int r, int32_t len, uint32_t now, Smem& sm,
                                  bool have_pre, const int32_t (&pre)[kIlp], int32_t (&keep_pos)[kIlp],
-                                 int32_t (&keep_slot)[kIlp]) {
+                                 int32_t (&keep_slot)[kIlp], unsigned& hits, uint32_t (&pending)[kIlp]) {
   int32_t* map = p.pos_slot + int64_t(r) * p.max_positions;
   uint32_t* stamps = p.stamps + int64_t(r) * p.R;
   CopyJob* jobs = p.jobs + int64_t(r) * p.R;
-  unsigned hits = 0, errors = 0;
+  unsigned errors = 0;
   bool newest = false, wrote_jobs = false;
   for (int i = 0; i < sm.num_tokens; ++i) {
     const int32_t* row = p.positions + int64_t(sm.tokens[i]) * p.pos_stride_t;
@@ -245,7 +246,10 @@ __device__ void classify_entries(const ResolveParams& p, int r, int32_t len, uin
       for (int u = 0; u < kIlp; ++u)
         if (slot[u] >= 0) old[u] = atomicExch(&stamps[slot[u]], now);
 #pragma unroll
-      for (int u = 0; u < kIlp; ++u) newest |= kind[u] == kNewest, hits += old[u] != now;
+      // The exchanges' results are counted one pass late (the last pass's by count_hits, after the
+      // ids are written), so their round trip is not waited for here.
+#pragma unroll
+      for (int u = 0; u < kIlp; ++u) newest |= kind[u] == kNewest, hits += pending[u] != now, pending[u] = old[u];
       // Misses (map -1): their pool rows (read only here, off the hit path), then the claims, each
       // kind of load issued for all kIlp entries at once. A position with no pool row is an error.
       int32_t prow[kIlp];
@@ -281,11 +285,9 @@ __device__ void classify_entries(const ResolveParams& p, int r, int32_t len, uin
   // The job list is published (publish_misses) after a block barrier: each writer fences first.
   if (wrote_jobs) __threadfence();
   // Summed per warp first: one shared atomic per warp, not per thread (every thread gets here).
-  hits = __reduce_add_sync(0xffffffffu, hits);
   errors = __reduce_add_sync(0xffffffffu, errors);
   newest = __any_sync(0xffffffffu, newest);
   if ((threadIdx.x & 31) == 0) {
-    if (hits) atomicAdd(&sm.hits, hits);
     if (errors) atomicAdd(&sm.errors, errors);
     if (newest) atomicExch(&sm.newest_used, 1);
   }
@@ -439,12 +441,23 @@ __device__ void write_row_from_regs(const ResolveParams& p, int r, int32_t len, 
   if (threadIdx.x == 0 && p.counts) p.counts[t] = n;
 }
 
+// The hits of classify_entries: its count so far plus its last pass's exchange results, summed per
+// warp into sm.hits (every thread of the block calls it; a block barrier follows before sm.hits is read).
+template <class Smem>
+__device__ __forceinline__ void count_hits(uint32_t now, unsigned hits, const uint32_t (&pending)[kIlp], Smem& sm) {
+#pragma unroll
+  for (int u = 0; u < kIlp; ++u) hits += pending[u] != now;
+  hits = __reduce_add_sync(0xffffffffu, hits);
+  if ((threadIdx.x & 31) == 0 && hits) atomicAdd(&sm.hits, hits);
+}
+
 // The hand-off to copy_kernel: request r's job list (count entries, written and fenced by their
 // writers before the block barrier that precedes this call) is complete; raise one flag per copy
-// block of the request (count + 1; each copy block reads and clears its own).
+// block of the request (count + 1; each copy block reads and clears its own). With no job to
+// publish (an all-hit step) the flag orders nothing, so no fence delays the id write.
 __device__ __forceinline__ void publish_misses(const ResolveParams& p, int r, int count) {
   if (int(threadIdx.x) < p.copy_blocks_per_req) {
-    __threadfence();
+    if (count > 0) __threadfence();
     *reinterpret_cast<volatile uint32_t*>(p.copy_flags + int64_t(r) * kTieredCopyFlags + threadIdx.x) =
         uint32_t(count) + 1u;
   }
@@ -475,7 +488,11 @@ __device__ __forceinline__ void resolve_body(const ResolveParams& p) {
   if (!live && r < p.num_reqs) publish_misses(p, r, 0);  // nothing to copy for this request
   if (live) {
     int32_t keep_pos[kIlp], keep_slot[kIlp];
-    classify_entries(p, r, len, now, sm, have_pre, pre, keep_pos, keep_slot);
+    unsigned hits = 0;
+    uint32_t pending[kIlp];
+#pragma unroll
+    for (int u = 0; u < kIlp; ++u) pending[u] = now;
+    classify_entries(p, r, len, now, sm, have_pre, pre, keep_pos, keep_slot, hits, pending);
     __syncthreads();
     // The copy blocks start their host reads now; the victims, the map and the ids follow.
     publish_misses(p, r, sm.num_miss);
@@ -486,6 +503,7 @@ __device__ __forceinline__ void resolve_body(const ResolveParams& p) {
       __syncthreads();  // map writes of every thread are visible to the block; the scan reuses the union
       write_rows(p, r, len, sm);
     }
+    count_hits(now, hits, pending, sm);  // the exchanges' round trip ran under the id write
   } else if (sm.num_tokens > 0) {  // a dropped request: every one of its tokens comes out empty
     for (int64_t t = 0; t < p.num_tokens; ++t)
       if (req_of(p, t) == r) write_empty_row(p, t);
@@ -547,9 +565,11 @@ __device__ __forceinline__ void copy_load(const CopyParams& c, const CopyJob* jo
     const int i = base + u * width;
     rd.pos[u] = -1;
     if (i < total) {
-      const CopyJob job = jobs[i / c.pieces];
-      rd.pos[u] = job.pos;
-      rd.v[u] = *reinterpret_cast<const uint4*>(c.pool + int64_t(job.src_row) * c.pool_stride + 16 * (i % c.pieces));
+      // Through L2 (ld.global.cg): a job line cached in this SM's L1 by another request's block
+      // could predate this request's flag.
+      const int2 job = __ldcg(reinterpret_cast<const int2*>(jobs + i / c.pieces));
+      rd.pos[u] = job.y;
+      rd.v[u] = *reinterpret_cast<const uint4*>(c.pool + int64_t(job.x) * c.pool_stride + 16 * (i % c.pieces));
     }
   }
 }
@@ -560,7 +580,7 @@ __device__ __forceinline__ void copy_store(const CopyParams& c, const int32_t* m
                                            const CopyRound& rd) {
   int32_t slot[kCopyRoundUnroll];
 #pragma unroll
-  for (int u = 0; u < kCopyRoundUnroll; ++u) slot[u] = rd.pos[u] >= 0 ? map[rd.pos[u]] : -1;
+  for (int u = 0; u < kCopyRoundUnroll; ++u) slot[u] = rd.pos[u] >= 0 ? __ldcg(map + rd.pos[u]) : -1;
 #pragma unroll
   for (int u = 0; u < kCopyRoundUnroll; ++u) {
     const int i = base + u * width;
