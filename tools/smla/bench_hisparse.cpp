@@ -129,6 +129,10 @@ int bench_hisparse(const Args& a) {
   const int H = int(a.get_int("heads", 128, 1, 128));
   const int64_t L = a.get_int("context", 16384, 1, int64_t(1) << 30);
   const int reps = int(a.get_int("reps", 10, 3, 100000));
+  // --late-copy: the copy blocks wait for the resolver's end before their first host load (the
+  // schedule before s10), for an A/B against the default in one session.
+  const bool late_copy = a.has("late-copy");
+  cuda::set_tiered_copy_late_for_testing(late_copy);
   const int warmup = 3;
   std::vector<KvFormat> fmts;
   {
@@ -153,8 +157,9 @@ int bench_hisparse(const Args& a) {
   const int max_blocks = int((L + kBlock - 1) / kBlock);
 
   std::printf("smla bench --hisparse on %s (%d SMs): K = %d, H = %d, context %lld tokens per request, %d timed steps "
-              "per case\n",
-              dev.name.c_str(), dev.num_sms, K, H, (long long)L, reps);
+              "per case%s\n",
+              dev.name.c_str(), dev.num_sms, K, H, (long long)L, reps,
+              late_copy ? "; --late-copy: host reads start after the resolver's end" : "");
   std::vector<std::string> json;
   for (KvFormat fmt : fmts) {
     const int rb = row_bytes(fmt, kRopeDim);

@@ -17,5 +17,8 @@ void gather_rows_from_host(const void* src, int64_t src_stride, const int32_t* r
 // process (0: the launcher's choice; capped at kTieredCopyFlags). One block per request
 // makes every list longer than 4096 pieces take several copy rounds.
 void set_tiered_copy_blocks_for_testing(int blocks_per_request);
+// Tests and `smla bench --hisparse --late-copy` only: the copy blocks issue no host load before the
+// resolver's end (session 9's schedule, for an A/B in one run); results are the same.
+void set_tiered_copy_late_for_testing(bool late);
 
 }  // namespace smla::cuda

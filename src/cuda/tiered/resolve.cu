@@ -67,6 +67,7 @@ constexpr int kCopyUnroll = 16;  // 16-byte host loads in flight per thread: 64 
 constexpr int kCopyRoundUnroll = 8;
 constexpr int kCopyBlocksPerSm = 2;
 int copy_blocks_override = 0;        // set_tiered_copy_blocks_for_testing (0: the launcher's choice)
+bool copy_late = false;              // set_tiered_copy_late_for_testing: the first loads wait for the resolver's end
 
 // One missing row to copy: its host-pool row and its position (the slot it lands in is the final
 // position -> slot map's entry, which copy_kernel reads after the resolver's end).
@@ -547,6 +548,7 @@ struct CopyParams {
   int64_t pool_stride;
   uint8_t* hot;               // [max_requests * R rows]
   int64_t hot_stride;
+  int late;                   // benchmark A/B only: 1 = no load before the resolver's end (s9's schedule)
 };
 
 constexpr int kCopyThreads = 256;
@@ -619,6 +621,7 @@ __global__ void __launch_bounds__(kCopyThreads) copy_kernel(CopyParams c) {
   const int width = c.blocks_per_req * kCopyThreads;
   int base = part * kCopyThreads + int(threadIdx.x);
   CopyRound rd;
+  if (c.late) ptx::pdl_wait();
   copy_load(c, jobs, base, width, total, rd);  // before the victims are chosen
   ptx::pdl_wait();  // resolve_kernel's end: map final (a no-op unless launched with PDL)
   if (total == 0) return;
@@ -814,6 +817,7 @@ void resolve_tiered(const TieredCache& cache, const TieredResolveParams& p, void
   cp.flags = k.copy_flags, cp.jobs = k.jobs, cp.pos_slot = k.pos_slot, cp.max_positions = c.max_positions;
   cp.R = c.hot_slots, cp.blocks_per_req = blocks_per_req, cp.pieces = pieces;
   cp.pool = k.pool, cp.pool_stride = k.pool_stride, cp.hot = k.hot, cp.hot_stride = k.hot_stride;
+  cp.late = copy_late ? 1 : 0;
   // A PDL launch: its blocks become resident while resolve_kernel runs (every resolve block
   // triggers at its start), start their host reads at their flag and wait in pdl_wait() for its
   // end before storing, so no launch gap and no victim choice sits before the host reads.
@@ -831,6 +835,7 @@ void resolve_tiered(const TieredCache& cache, const TieredResolveParams& p, void
 }
 
 void set_tiered_copy_blocks_for_testing(int blocks_per_request) { copy_blocks_override = blocks_per_request; }
+void set_tiered_copy_late_for_testing(bool late) { copy_late = late; }
 
 void gather_rows_from_host(const void* src, int64_t src_stride, const int32_t* rows, int64_t n, void* dst,
                            int64_t dst_stride, int row_bytes, void* stream) {
