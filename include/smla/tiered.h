@@ -138,7 +138,7 @@ class TieredCache {
   const TieredStateLayout& state_layout() const { return layout_; }
   size_t state_bytes() const { return layout_.total; }
   // Resolver scratch per step: the CUDA resolver's copy list, align256(max_requests * 4) +
-  // max_requests * R * 8 bytes (a miss count per request, then R (pool row, slot) pairs each).
+  // max_requests * R * 8 bytes (a miss count per request, then R (pool row, position) pairs each).
   size_t workspace_bytes() const { return workspace_bytes_; }
   // Everything on the device: hot buffer + state + workspace.
   size_t device_bytes() const { return hot_buffer_bytes() + state_bytes() + workspace_bytes(); }

@@ -63,7 +63,7 @@ TieredCache::TieredCache(const TieredCacheConfig& cfg) : cfg_(cfg) {
   layout_.slot_pos = off, off = align256(off + slots * sizeof(int32_t));
   layout_.pos_slot = off, off = align256(off + size_t(cfg.max_requests) * size_t(cfg.max_positions) * sizeof(int32_t));
   layout_.total = off;
-  // The CUDA resolver's copy list: one miss count per request, then R (source row, slot) pairs per
+  // The CUDA resolver's copy list: one miss count per request, then R (pool row, position) pairs per
   // request (a request misses at most R - 1 rows per step).
   workspace_bytes_ = align256(size_t(cfg.max_requests) * sizeof(int32_t)) + slots * 2 * sizeof(int32_t);
 }
