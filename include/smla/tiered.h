@@ -181,8 +181,8 @@ void resolve_tiered_reference(const TieredCache& cache, const TieredResolveParam
 // attention workspace for B * max_tokens_per_request rows fit budget_bytes; 0 when not even one
 // request fits. cfg.max_requests is ignored. attention_workspace may be empty (counted as 0).
 // Example: fp8_ds_mla, K = 2048 (R = 4224), max_positions = 131072, no attention workspace: each
-// request costs 4224 * 656 B hot + 4224 * 8 B stamps/slots + 131072 * 4 B map + 4224 * 8 B copy
-// list ~= 3.36 MB, so a 1 GiB budget gives B = 319.
+// request costs 4224 * 656 B hot + 4224 * 8 B stamps/slots + 131072 * 4 B map + 128 * 4 B hand-off
+// flags + 4224 * 8 B copy list ~= 3.36 MB, so a 1 GiB budget gives B = 319.
 int64_t max_tiered_decode_batch(TieredCacheConfig cfg, size_t budget_bytes,
                                 const std::function<size_t(int64_t rows)>& attention_workspace = {});
 
