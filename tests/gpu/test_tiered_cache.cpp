@@ -277,8 +277,9 @@ void expect_same_resolution(Tiered& w, const Step& s, const int32_t* d_phys, con
   EXPECT_EQ(to_host(d_counts, counts.size()), counts) << fmt << " step " << step << ": counts differ";
   const auto st = to_host(w.d_state, w.cache.state_bytes());
   const auto& L = w.cache.state_layout();
+  // Stamps, the copy hand-off flags (each back to 0 after the step), slot positions and the map.
   EXPECT_EQ(0, std::memcmp(st.data() + L.stamps, w.state.data() + L.stamps, L.total - L.stamps))
-      << fmt << " step " << step << ": map / slot positions / stamps differ";
+      << fmt << " step " << step << ": map / slot positions / stamps / hand-off flags differ";
   TieredCounters g, c;
   std::memcpy(&g, st.data() + L.counters, sizeof(g));
   std::memcpy(&c, w.state.data() + L.counters, sizeof(c));
@@ -447,6 +448,10 @@ struct CopyBlocksOverride {
   explicit CopyBlocksOverride(int n) { cuda::set_tiered_copy_blocks_for_testing(n); }
   ~CopyBlocksOverride() { cuda::set_tiered_copy_blocks_for_testing(0); }
 };
+struct CopyLateOverride {  // the benchmark's --late-copy schedule
+  CopyLateOverride() { cuda::set_tiered_copy_late_for_testing(true); }
+  ~CopyLateOverride() { cuda::set_tiered_copy_late_for_testing(false); }
+};
 
 TEST(TieredGpu, CopyRoundsMatch) {
   REQUIRE_GPU();
@@ -460,6 +465,10 @@ TEST(TieredGpu, CopyRoundsMatch) {
   {
     CopyBlocksOverride three(3);
     run_sequence(KvFormat::kFP8DsMla, kRopeDim, 8, seed + 402);
+  }
+  {
+    CopyLateOverride late;  // no host load before the resolver's end: the same results
+    run_sequence(KvFormat::kFP8DsMla, kRopeDim, 4, seed + 404);
   }
   run_sequence(KvFormat::kFP8DsMla, kRopeDim, 4, seed + 403);  // the launcher's choice again
 }
