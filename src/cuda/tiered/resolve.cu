@@ -60,10 +60,10 @@ static_assert(kThreads * kItemsLarge == kTieredMaxHotSlots);
 constexpr int kSlotBits = 13;  // slot < 8192
 constexpr int kIlp = 4;        // top-k entries per thread per pass (loads in flight)
 constexpr int kCopyUnroll = 16;  // 16-byte host loads in flight per thread: 64 KB per 256-thread block
-// copy_kernel: 16-byte host loads in flight per thread per round (8: ~70 registers, so its whole
-// grid is resident in one wave beside the resolve blocks), and at most about kCopyBlocksPerSm
-// blocks per SM in all (2 x 132 blocks x 256 threads x 8 x 16 B = 8.7 MB in flight per round,
-// far above what the ~55 GB/s link needs to stay busy).
+// copy_kernel: 16-byte host loads in flight per thread per round (8: 64 registers, 4 blocks per
+// SM and one beside a resolve block, so its grid is resident in one wave beside the resolver), and
+// at most about kCopyBlocksPerSm blocks per SM in all (2 x 132 blocks x 256 threads x 8 x 16 B =
+// 8.7 MB in flight per round, far above what the ~55 GB/s link needs to stay busy).
 constexpr int kCopyRoundUnroll = 8;
 constexpr int kCopyBlocksPerSm = 2;
 int copy_blocks_override = 0;        // set_tiered_copy_blocks_for_testing (0: the launcher's choice)
@@ -75,7 +75,6 @@ struct CopyJob {
   int32_t src_row;
   int32_t pos;
 };
-static_assert(sizeof(CopyJob) == 8 && alignof(CopyJob) == 4, "copy_kernel reads a CopyJob as one int2");
 
 struct ResolveParams {
   const int32_t* positions;  // [T, K], row stride pos_stride_t
@@ -557,7 +556,6 @@ constexpr int kCopyThreads = 256;
 // (piece i: 16 bytes at offset 16 * (i % pieces) of job i / pieces), loaded from the host pool.
 struct CopyRound {
   uint4 v[kCopyRoundUnroll];
-  int32_t pos[kCopyRoundUnroll];
 };
 
 __device__ __forceinline__ void copy_load(const CopyParams& c, const CopyJob* jobs, int base, int width, int total,
@@ -565,24 +563,30 @@ __device__ __forceinline__ void copy_load(const CopyParams& c, const CopyJob* jo
 #pragma unroll
   for (int u = 0; u < kCopyRoundUnroll; ++u) {
     const int i = base + u * width;
-    rd.pos[u] = -1;
     if (i < total) {
       // Through L2 (ld.global.cg): a job line cached in this SM's L1 by another request's block
       // could predate this request's flag.
-      const int2 job = __ldcg(reinterpret_cast<const int2*>(jobs + i / c.pieces));
-      rd.pos[u] = job.y;
-      rd.v[u] = *reinterpret_cast<const uint4*>(c.pool + int64_t(job.x) * c.pool_stride + 16 * (i % c.pieces));
+      const int32_t src_row = __ldcg(&jobs[i / c.pieces].src_row);
+      rd.v[u] = *reinterpret_cast<const uint4*>(c.pool + int64_t(src_row) * c.pool_stride + 16 * (i % c.pieces));
     }
   }
 }
 
 // The stores of a round, after the resolver's end: each piece's slot is its position's final map
-// entry (every claimed position got one; a negative entry is never written through).
-__device__ __forceinline__ void copy_store(const CopyParams& c, const int32_t* map, uint8_t* hot, int base, int width,
-                                           const CopyRound& rd) {
-  int32_t slot[kCopyRoundUnroll];
+// entry (every claimed position got one; a negative entry is never written through). The job's
+// position is read again here (an L2 hit, under the host loads' latency) rather than kept in
+// registers across the wait: the kernel stays at <= 64 registers, 4 blocks per SM, one beside a
+// resolve block.
+__device__ __forceinline__ void copy_store(const CopyParams& c, const CopyJob* jobs, const int32_t* map, uint8_t* hot,
+                                           int base, int width, int total, const CopyRound& rd) {
+  int32_t pos[kCopyRoundUnroll], slot[kCopyRoundUnroll];
 #pragma unroll
-  for (int u = 0; u < kCopyRoundUnroll; ++u) slot[u] = rd.pos[u] >= 0 ? __ldcg(map + rd.pos[u]) : -1;
+  for (int u = 0; u < kCopyRoundUnroll; ++u) {
+    const int i = base + u * width;
+    pos[u] = i < total ? __ldcg(&jobs[i / c.pieces].pos) : -1;
+  }
+#pragma unroll
+  for (int u = 0; u < kCopyRoundUnroll; ++u) slot[u] = pos[u] >= 0 ? __ldcg(map + pos[u]) : -1;
 #pragma unroll
   for (int u = 0; u < kCopyRoundUnroll; ++u) {
     const int i = base + u * width;
@@ -625,10 +629,10 @@ __global__ void __launch_bounds__(kCopyThreads) copy_kernel(CopyParams c) {
   copy_load(c, jobs, base, width, total, rd);  // before the victims are chosen
   ptx::pdl_wait();  // resolve_kernel's end: map final (a no-op unless launched with PDL)
   if (total == 0) return;
-  copy_store(c, map, hot, base, width, rd);
+  copy_store(c, jobs, map, hot, base, width, total, rd);
   for (base += width * kCopyRoundUnroll; base < total; base += width * kCopyRoundUnroll) {
     copy_load(c, jobs, base, width, total, rd);
-    copy_store(c, map, hot, base, width, rd);
+    copy_store(c, jobs, map, hot, base, width, total, rd);
   }
 }
 
