@@ -250,7 +250,6 @@ __device__ void classify_entries(const ResolveParams& p, int r, int32_t len, uin
 #pragma unroll
       for (int u = 0; u < kIlp; ++u)
         if (slot[u] >= 0) old[u] = atomicExch(&stamps[slot[u]], now);
-#pragma unroll
       // The exchanges' results are counted one pass late (the last pass's by count_hits, after the
       // ids are written), so their round trip is not waited for here.
 #pragma unroll
@@ -277,9 +276,9 @@ __device__ void classify_entries(const ResolveParams& p, int r, int32_t len, uin
         if (lane == __ffs(m) - 1) at = atomicAdd(&sm.num_miss, __popc(m));
         at = __shfl_sync(0xffffffffu, at, __ffs(m) - 1);
         if (claimed[u]) {
-          const int i = at + __popc(m & ((1u << lane) - 1));
-          sm.miss[i] = pos[u];
-          jobs[i] = CopyJob{prow[u], pos[u]};  // the copy blocks start on these before the victims are known
+          const int idx = at + __popc(m & ((1u << lane) - 1));
+          sm.miss[idx] = pos[u];
+          jobs[idx] = CopyJob{prow[u], pos[u]};  // the copy blocks start on these before the victims are known
           wrote_jobs = true;
         }
       }
