@@ -13,7 +13,8 @@
 //   2. sort the misses by position and the candidate slots by (stamp, slot) with two block-wide
 //      radix sorts (9 keys per thread for R <= 4608, 16 up to R = 8192; the slot keys are 32-bit
 //      while the clock is below 2^18), pair them rank by rank, update map, slot positions and
-//      stamps;
+//      stamps. A request with at most kSmallMisses misses and 32-bit keys does it without sorts
+//      (assign_slots_small: ranks by counting, the n-th smallest key by a binary search);
 //   3. write the physical hot rows of every token (compacted in entry order by a block scan) and
 //      its count, advance the request's clock and add its counters (fire-and-forget atomics).
 //
@@ -58,6 +59,9 @@ constexpr int kThreads = 512;
 constexpr int kItemsSmall = 9, kItemsLarge = 16;
 static_assert(kThreads * kItemsLarge == kTieredMaxHotSlots);
 constexpr int kSlotBits = 13;  // slot < 8192
+// A request's step with at most this many misses (and 32-bit LRU keys) picks its victims without
+// the two block sorts (assign_slots_small); more take the sorts.
+constexpr int kSmallMisses = 256;
 constexpr int kIlp = 4;        // top-k entries per thread per pass (loads in flight)
 constexpr int kCopyUnroll = 16;  // 16-byte host loads in flight per thread: 64 KB per 256-thread block
 // copy_kernel: 16-byte host loads in flight per thread per round (8: 64 registers, 4 blocks per
@@ -133,6 +137,12 @@ struct ResolveSmem {
   // threads contending on one word serialize for many microseconds; a step's counts fit 32 bits.
   unsigned hits;
   unsigned errors;
+  // The small-step victim choice (assign_slots_small): per-warp counts (two buffers), the chosen
+  // candidate keys, and the slot of each rank.
+  unsigned warp_count[2][kThreads / 32];
+  int num_sel;
+  uint32_t sel[kSmallMisses];
+  int32_t slot_of_rank[kSmallMisses];
 };
 static_assert(sizeof(ResolveSmem<kItemsLarge>) <= 227 * 1024);
 
@@ -318,18 +328,96 @@ __device__ void sort_misses(const ResolveParams& p, int num_miss, Smem& sm) {
   }
 }
 
+// Phase 2 for a step of n <= kSmallMisses misses whose LRU keys fit 32 bits (end_bit <= 31), with
+// no sort. The misses (distinct positions) are ranked by counting; the n smallest candidate keys
+// (stamp << kSlotBits | slot, distinct) are found by a binary search for the n-th smallest key
+// value (a block-wide count per probe, end_bit probes), collected, and ranked by counting. Rank i
+// of each side then meets as in assign_slots: the same pairs, so the same map, slots and stamps.
+template <class Smem>
+__device__ void assign_slots_small(const ResolveParams& p, int r, uint32_t now, int end_bit, Smem& sm) {
+  constexpr int kItems = Smem::kItems;
+  const int n = sm.num_miss;
+  const int t = int(threadIdx.x), lane = t & 31, warp = t >> 5;
+  uint32_t* stamps = p.stamps + int64_t(r) * p.R;
+  // The candidate keys (padding and slots stamped `now`: all ones, never chosen).
+  uint32_t key[kItems];
+#pragma unroll
+  for (int k = 0; k < kItems; ++k) {
+    const int sl = t * kItems + k;
+    const uint32_t st = sl < p.R - 1 ? stamps[sl] : now;
+    key[k] = st != now ? (st << kSlotBits) | uint32_t(sl) : 0xffffffffu;
+  }
+  // Misses by position: rank = how many misses lie below (positions are distinct).
+  if (t < n) {
+    const int32_t q = sm.miss[t];
+    int rank = 0;
+    for (int j = 0; j < n; ++j) rank += sm.miss[j] < q;
+    sm.sorted_miss[rank] = q;
+  }
+  if (t == 0) sm.num_sel = 0;
+  // The n-th smallest key: the least v with count(key <= v) >= n. Candidate keys are below
+  // 2^end_bit, and there are at least n of them (the plan rule), so v < 2^end_bit.
+  uint32_t lo = 0, hi = (end_bit >= 32 ? 0xffffffffu : (1u << end_bit) - 1u);
+  for (int it = 0; lo < hi; ++it) {
+    const uint32_t mid = lo + (hi - lo) / 2;
+    unsigned c = 0;
+#pragma unroll
+    for (int k = 0; k < kItems; ++k) c += key[k] <= mid;
+    c = __reduce_add_sync(0xffffffffu, c);
+    if (lane == 0) sm.warp_count[it & 1][warp] = c;
+    __syncthreads();  // two buffers: a warp rewrites this one only after the next barrier
+    unsigned total = 0;
+#pragma unroll
+    for (int w = 0; w < kThreads / 32; ++w) total += sm.warp_count[it & 1][w];
+    if (total >= unsigned(n)) hi = mid;
+    else lo = mid + 1;
+  }
+  // The n chosen keys (exactly those <= lo), then each one's rank among them.
+#pragma unroll
+  for (int k = 0; k < kItems; ++k) {
+    const bool chosen = key[k] <= lo;
+    const unsigned m = __ballot_sync(0xffffffffu, chosen);
+    if (m == 0) continue;
+    int at = 0;
+    if (lane == __ffs(m) - 1) at = atomicAdd(&sm.num_sel, __popc(m));
+    at = __shfl_sync(0xffffffffu, at, __ffs(m) - 1);
+    if (chosen) sm.sel[at + __popc(m & ((1u << lane) - 1))] = key[k];
+  }
+  __syncthreads();
+  if (t < n) {
+    const uint32_t x = sm.sel[t];
+    int rank = 0;
+    for (int j = 0; j < n; ++j) rank += sm.sel[j] < x;
+    sm.slot_of_rank[rank] = int32_t(x & ((1u << kSlotBits) - 1));
+  }
+  __syncthreads();
+  if (t < n) {
+    int32_t* map = p.pos_slot + int64_t(r) * p.max_positions;
+    int32_t* slot_pos = p.slot_pos + int64_t(r) * p.R;
+    const int32_t q = sm.sorted_miss[t];
+    const int sl = sm.slot_of_rank[t];
+    const int32_t old = slot_pos[sl];
+    if (old >= 0) map[old] = -1;
+    map[q] = sl, slot_pos[sl] = q, stamps[sl] = now;
+  }
+}
+
 // Phase 2b: misses by position meet candidate slots by (stamp, slot), rank by rank: map, slot
 // positions and stamps (copy_kernel reads each claimed row's slot from the map afterwards).
 template <class Smem>
 __device__ void assign_slots(const ResolveParams& p, int r, uint32_t now, Smem& sm) {
   constexpr int kItems = Smem::kItems;
   const int num_miss = sm.num_miss;
-  sort_misses(p, num_miss, sm);
-  __syncthreads();
-  uint32_t* stamps = p.stamps + int64_t(r) * p.R;
   // Keys (stamp << kSlotBits) | slot; a slot stamped `now` (a hit of this step) and the padding
   // get all ones. Stamps are <= now: the other keys are below 2^end_bit - 1, so those sort last.
   const int end_bit = kSlotBits + 32 - __clz(int(now));
+  if (num_miss <= kSmallMisses && end_bit <= 31) {
+    assign_slots_small(p, r, now, end_bit, sm);
+    return;
+  }
+  sort_misses(p, num_miss, sm);
+  __syncthreads();
+  uint32_t* stamps = p.stamps + int64_t(r) * p.R;
   int slot_of_rank[kItems];  // blocked: thread i holds ranks i*kItems .. i*kItems + kItems - 1
   if (end_bit <= 31) {  // now < 2^18: the keys fit 32 bits (SortPos's sort, half the exchange bytes)
     uint32_t key[kItems];
