@@ -32,8 +32,11 @@ void invalidate_tiered_positions(const TieredCache& cache, void* state, size_t s
 // One step: equal to resolve_tiered_reference (map, slot positions, stamps, hot rows, physical
 // ids, counts, counters) on good input. Bad device-side data (request ids, lengths, positions
 // outside the pool) is never dereferenced: those tokens/entries come out empty and
-// TieredCounters::errors counts them. One kernel, one block per request: it classifies, picks
-// the victims and copies the missing rows straight from pinned host memory.
+// TieredCounters::errors counts them. Two launches: one block per request classifies, picks the
+// victims and writes the ids; a PDL copy kernel starts reading the missing rows straight from
+// pinned host memory as soon as each request's misses are known, and stores them at the end.
+// Every call with num_reqs > 0 launches both (the state's hand-off flags are cleared by the
+// second); an aborted call leaves the state to reset_tiered_state.
 void resolve_tiered(const TieredCache& cache, const TieredResolveParams& p, void* stream);
 
 // The counters, copied to the host (synchronizes `stream`: for logs and tests, not the hot path).

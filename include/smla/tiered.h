@@ -51,6 +51,9 @@ struct TieredCacheConfig {
 // The default hot-buffer size for top-k K: round_up(2K + 1, 128). Example: K = 2048 -> 4224.
 int default_hot_slots(int topk);
 
+// Hand-off words per request in the state (the most copy blocks the CUDA resolver gives one request).
+inline constexpr int kTieredCopyFlags = 128;
+
 // Device counters of a tiered cache (the first bytes of its state). Read them whenever you like
 // (a device-to-host copy of this struct); reset_tiered_state zeroes them.
 struct TieredCounters {
@@ -73,6 +76,8 @@ static_assert(sizeof(TieredCounters) == 48);
 struct TieredStateLayout {
   size_t counters = 0;  // TieredCounters
   size_t stamps = 0;    // [max_requests, R] uint32 LRU stamps (0: never used); slot R - 1's: the request's clock
+  size_t copy_flags = 0;  // [max_requests, kTieredCopyFlags] uint32: the CUDA resolver's hand-off words to its
+                          // copy blocks (a step's miss count + 1 while in flight; 0 between steps)
   size_t zero_end = 0;  // [0, zero_end) starts 0
   size_t slot_pos = 0;  // [max_requests, R] int32 position held by each slot (-1: none)
   size_t pos_slot = 0;  // [max_requests, max_positions] int32 slot of each position (-1: not hot)
@@ -133,7 +138,7 @@ class TieredCache {
   const TieredStateLayout& state_layout() const { return layout_; }
   size_t state_bytes() const { return layout_.total; }
   // Resolver scratch per step: the CUDA resolver's copy list, align256(max_requests * 4) +
-  // max_requests * R * 8 bytes (a miss count per request, then R (pool row, slot) pairs each).
+  // max_requests * R * 8 bytes (a miss count per request, then R (pool row, position) pairs each).
   size_t workspace_bytes() const { return workspace_bytes_; }
   // Everything on the device: hot buffer + state + workspace.
   size_t device_bytes() const { return hot_buffer_bytes() + state_bytes() + workspace_bytes(); }
@@ -176,8 +181,8 @@ void resolve_tiered_reference(const TieredCache& cache, const TieredResolveParam
 // attention workspace for B * max_tokens_per_request rows fit budget_bytes; 0 when not even one
 // request fits. cfg.max_requests is ignored. attention_workspace may be empty (counted as 0).
 // Example: fp8_ds_mla, K = 2048 (R = 4224), max_positions = 131072, no attention workspace: each
-// request costs 4224 * 656 B hot + 4224 * 8 B stamps/slots + 131072 * 4 B map + 4224 * 8 B copy
-// list ~= 3.36 MB, so a 1 GiB budget gives B = 319.
+// request costs 4224 * 656 B hot + 4224 * 8 B stamps/slots + 131072 * 4 B map + 128 * 4 B hand-off
+// flags + 4224 * 8 B copy list ~= 3.36 MB, so a 1 GiB budget gives B = 319.
 int64_t max_tiered_decode_batch(TieredCacheConfig cfg, size_t budget_bytes,
                                 const std::function<size_t(int64_t rows)>& attention_workspace = {});
 

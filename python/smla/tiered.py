@@ -6,7 +6,7 @@ holds its newest token), a position -> slot map and LRU stamps. Each decode step
 :meth:`TieredCache.resolve` maps every token's request-local top-k positions to hot slots, copying
 missing rows from the host pool, and returns physical hot-buffer rows and counts for
 :meth:`smla.Plan.run` over the hot buffer. Host arrays run the CPU reference; CUDA arrays the CUDA
-resolver (one launch, no host synchronization, graph-safe).
+resolver (two launches of a fixed shape, no host synchronization, graph-safe).
 """
 
 from . import _smla

@@ -58,11 +58,12 @@ TieredCache::TieredCache(const TieredCacheConfig& cfg) : cfg_(cfg) {
   size_t off = 0;
   layout_.counters = off, off = align256(off + sizeof(TieredCounters));
   layout_.stamps = off, off = align256(off + slots * sizeof(uint32_t));
+  layout_.copy_flags = off, off = align256(off + size_t(cfg.max_requests) * kTieredCopyFlags * sizeof(uint32_t));
   layout_.zero_end = off;
   layout_.slot_pos = off, off = align256(off + slots * sizeof(int32_t));
   layout_.pos_slot = off, off = align256(off + size_t(cfg.max_requests) * size_t(cfg.max_positions) * sizeof(int32_t));
   layout_.total = off;
-  // The CUDA resolver's copy list: one miss count per request, then R (source row, slot) pairs per
+  // The CUDA resolver's copy list: one miss count per request, then R (pool row, position) pairs per
   // request (a request misses at most R - 1 rows per step).
   workspace_bytes_ = align256(size_t(cfg.max_requests) * sizeof(int32_t)) + slots * 2 * sizeof(int32_t);
 }

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/tiered/gather.h"
 #include "smla/cache.h"
 #include "smla/cuda_serving.h"
 #include "smla/cuda_tiered.h"
@@ -276,8 +277,9 @@ void expect_same_resolution(Tiered& w, const Step& s, const int32_t* d_phys, con
   EXPECT_EQ(to_host(d_counts, counts.size()), counts) << fmt << " step " << step << ": counts differ";
   const auto st = to_host(w.d_state, w.cache.state_bytes());
   const auto& L = w.cache.state_layout();
+  // Stamps, the copy hand-off flags (each back to 0 after the step), slot positions and the map.
   EXPECT_EQ(0, std::memcmp(st.data() + L.stamps, w.state.data() + L.stamps, L.total - L.stamps))
-      << fmt << " step " << step << ": map / slot positions / stamps differ";
+      << fmt << " step " << step << ": map / slot positions / stamps / hand-off flags differ";
   TieredCounters g, c;
   std::memcpy(&g, st.data() + L.counters, sizeof(g));
   std::memcpy(&c, w.state.data() + L.counters, sizeof(c));
@@ -301,15 +303,23 @@ std::vector<int32_t> resolve_cpu(Tiered& w, const Step& s, int K, std::vector<in
   return phys;
 }
 
+// The geometry of a step sequence. The default: K not a multiple of 64, R = round_up(201, 128) = 256,
+// six requests of up to two tokens each.
+struct Shape {
+  int K = 100, reqs = 6, tpr = 2;
+  int64_t max_positions = 700;
+};
+
 // Runs `steps` decode steps for one format and checks resolution and attention each step.
 // hot_slots 0: the default R. start_clock: every request's clock word (the stamp of slot R - 1) on
 // both sides before the first step (a long-running cache: the resolver's 64-bit LRU keys).
-void run_sequence(KvFormat f, int rope_dim, int steps, uint64_t seed, int hot_slots = 0, uint32_t start_clock = 0) {
-  const int K = 100, reqs = 6, tpr = 2;  // K not a multiple of 64; R = round_up(201, 128) = 256
+void run_sequence(KvFormat f, int rope_dim, int steps, uint64_t seed, int hot_slots = 0, uint32_t start_clock = 0,
+                  Shape shape = {}) {
+  const int K = shape.K, reqs = shape.reqs, tpr = shape.tpr;
   TieredCacheConfig cfg;
   cfg.format = f, cfg.rope_dim = rope_dim, cfg.topk = K, cfg.max_requests = reqs, cfg.max_tokens_per_request = tpr;
   cfg.hot_slots = hot_slots;
-  cfg.max_positions = 700;
+  cfg.max_positions = shape.max_positions;
   Tiered w(cfg, seed);
   if (start_clock) {
     const size_t R = size_t(w.cache.hot_slots());
@@ -333,11 +343,11 @@ void run_sequence(KvFormat f, int rope_dim, int steps, uint64_t seed, int hot_sl
   for (int step = 0; step < steps; ++step) {
     const double reuse = std::vector<double>{0.0, 0.5, 0.9, 1.0}[size_t(step % 4)];
     const Step s = mk.next(rng, reuse, int32_t(cfg.max_positions));
-    if (step == 6) {  // request 2's hot buffer starts over (a finished request's slot reused)
+    if (step == 6 && reqs > 2) {  // request 2's hot buffer starts over (a finished request's slot reused)
       release_tiered_request(w.cache, w.state.data(), w.state.size(), 2);
       cuda::release_tiered_request(w.cache, w.d_state, w.cache.state_bytes(), 2, nullptr);
     }
-    if (step == 9) {  // every position of requests 0 and 3 below 300 forgotten, with padding between
+    if (step == 9 && reqs > 3) {  // every position of requests 0 and 3 below 300 forgotten, with padding between
       std::vector<int32_t> rq, ps;
       for (int32_t x = 0; x < 300; ++x) rq.push_back(x % 2 ? 0 : 3), ps.push_back(x % 7 ? x : -1);
       invalidate_tiered_positions(w.cache, w.state.data(), w.state.size(), rq.data(), ps.data(), int64_t(rq.size()));
@@ -429,6 +439,54 @@ TEST(TieredGpu, LongRunningClockMatches) {
   SCOPED_TRACE("seed " + std::to_string(seed));
   run_sequence(KvFormat::kFP8DsMla, kRopeDim, 8, seed + 300, 0, (1u << 20) + 5);
   run_sequence(KvFormat::kBF16, kRopeDim, 8, seed + 301, 4800, (1u << 18) - 3);
+}
+
+// copy_kernel's rounds: with one (or three) copy blocks per request every request's list of misses
+// takes several rounds of loads (rounds after the first start after the resolver's end), and the
+// hand-off flags of blocks 1 .. 2 are used; results equal the CPU reference either way.
+struct CopyBlocksOverride {
+  explicit CopyBlocksOverride(int n) { cuda::set_tiered_copy_blocks_for_testing(n); }
+  ~CopyBlocksOverride() { cuda::set_tiered_copy_blocks_for_testing(0); }
+};
+struct CopyLateOverride {  // the benchmark's --late-copy schedule
+  CopyLateOverride() { cuda::set_tiered_copy_late_for_testing(true); }
+  ~CopyLateOverride() { cuda::set_tiered_copy_late_for_testing(false); }
+};
+
+TEST(TieredGpu, CopyRoundsMatch) {
+  REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  {
+    CopyBlocksOverride one(1);
+    run_sequence(KvFormat::kBF16, kRopeDim, 8, seed + 400);  // up to 200 rows x 72 pieces = 7 rounds of 2048
+    run_sequence(KvFormat::kNvFP4DsMla, kRopeDim, 5, seed + 401);
+  }
+  {
+    CopyBlocksOverride three(3);
+    run_sequence(KvFormat::kFP8DsMla, kRopeDim, 8, seed + 402);
+  }
+  {
+    CopyLateOverride late;  // no host load before the resolver's end: the same results
+    run_sequence(KvFormat::kFP8DsMla, kRopeDim, 4, seed + 404);
+  }
+  run_sequence(KvFormat::kFP8DsMla, kRopeDim, 4, seed + 403);  // the launcher's choice again
+}
+
+// #21's small-miss case: one request, K = 2048 (R = 4224), steps cycling 0 / 50 / 90 / 100 % reuse
+// (up to ~2000 misses per step, evictions from the second step on, invalid entries, idle steps
+// and empty rows from the step maker), then 40 requests of K = 512 (the copy grid capped by the SM count).
+TEST(TieredGpu, FullTopkStepsMatch) {
+  REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  Shape one;
+  one.K = 2048, one.reqs = 1, one.tpr = 1, one.max_positions = 16384;
+  run_sequence(KvFormat::kFP8DsMla, kRopeDim, 9, seed + 500, 0, 0, one);
+  run_sequence(KvFormat::kBF16, kRopeDim, 5, seed + 501, 0, 0, one);
+  Shape many;
+  many.K = 512, many.reqs = 40, many.tpr = 1, many.max_positions = 2048;
+  run_sequence(KvFormat::kFP8DsMla, kRopeDim, 6, seed + 502, 0, 0, many);
 }
 
 // Resolve + attention captured once; the graph replays over new positions and lengths each step.

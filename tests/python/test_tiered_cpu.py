@@ -6,10 +6,37 @@ and the decode-batch helper.
 Skips when the package is not installed (pip install . or scripts/python-test).
 """
 
+import os
+import re
+
 import numpy as np
 import pytest
 
 smla = pytest.importorskip("smla", reason="the smla package is not installed; run scripts/python-test")
+
+
+DOCS = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "python.md")
+DOCS_MARKER = "<!-- tests/python/test_tiered_cpu.py runs this block -->"
+
+
+def test_docs_decode_loop_runs_as_written(capsys):
+    """docs/python.md's host-backed decode loop, run as written (issue #21's worked example). Its
+    positions are K distinct valid positions per request and step, so every one is a hit or a miss
+    exactly once: hits + misses = steps x B x K; every miss copies one row."""
+    text = open(DOCS, encoding="utf-8").read()
+    assert DOCS_MARKER in text, "docs/python.md lost the marker of its tested HiSparse example"
+    m = re.search(re.escape(DOCS_MARKER) + r"\s*```python\n(.*?)```", text, re.S)
+    assert m, "no ```python block right after the marker"
+    ns = {"__name__": "docs_example"}
+    exec(compile(m.group(1), "docs/python.md (HiSparse example)", "exec"), ns)
+    printed = capsys.readouterr().out
+    c = ns["tc"].counters(ns["state"])
+    assert str(c) in printed, printed
+    K, B = ns["K"], ns["B"]
+    assert c["steps"] == 6 and c["errors"] == 0
+    assert c["hits"] + c["misses"] == 6 * B * K
+    assert c["misses"] >= B * (K - 1)  # the first step finds only the newest rows hot
+    assert c["bytes"] == c["misses"] * ns["tc"].row_bytes
 
 
 def decode_loop(fmt, steps=6, seed=0):

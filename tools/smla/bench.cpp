@@ -197,9 +197,9 @@ int cmd_bench(const Args& a) {
 #if SMLA_HAVE_CUDA
     for (const auto& [key, value] : a.kv)
       SMLA_CHECK(key == "hisparse" || key == "formats" || key == "B" || key == "reuse" || key == "topk" ||
-                     key == "heads" || key == "context" || key == "reps" || key == "json",
+                     key == "heads" || key == "context" || key == "reps" || key == "json" || key == "late-copy",
                  "--" + key + " has no effect with --hisparse (it reads --formats, --B, --reuse, --topk, --heads, "
-                 "--context, --reps and --json)");
+                 "--context, --reps, --late-copy and --json)");
     return bench_hisparse(a);
 #else
     fail("smla bench --hisparse needs the CUDA backend; this build has none (build with nvcc on the PATH)");
@@ -221,7 +221,7 @@ int cmd_bench(const Args& a) {
     fail("smla bench --shardq needs the CUDA backend; this build has none (build with nvcc on the PATH)");
 #endif
   }
-  for (const char* key : {"formats", "B", "reuse", "context"})
+  for (const char* key : {"formats", "B", "reuse", "context", "late-copy"})
     SMLA_CHECK(!a.has(key), std::string("--") + key + " is read only with --hisparse or --shardq");
   if (a.has("dcp")) {
     for (const auto& kv : a.kv) {

@@ -13,4 +13,12 @@ namespace smla::cuda {
 void gather_rows_from_host(const void* src, int64_t src_stride, const int32_t* rows, int64_t n, void* dst,
                            int64_t dst_stride, int row_bytes, void* stream);
 
+// Tests only: copy_kernel's blocks per request for the following resolve_tiered calls in this
+// process (0: the launcher's choice; capped at kTieredCopyFlags). One block per request
+// makes every list longer than 4096 pieces take several copy rounds.
+void set_tiered_copy_blocks_for_testing(int blocks_per_request);
+// Tests and `smla bench --hisparse --late-copy` only: the copy blocks issue no host load before the
+// resolver's end (session 9's schedule, for an A/B in one run); results are the same.
+void set_tiered_copy_late_for_testing(bool late);
+
 }  // namespace smla::cuda

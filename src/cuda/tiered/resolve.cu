@@ -1,28 +1,38 @@
 // The HiSparse resolver (smla/tiered.h states the rule; resolve_tiered_reference is its
 // definition). Two launches of a fixed shape per step (for a given num_reqs and topk), no host
-// synchronization and no cross-block coordination, so a step can be captured in a CUDA graph.
+// synchronization, so a step can be captured in a CUDA graph. The one cross-block signal is a
+// flag from each resolve block to its request's copy blocks (below), which never waits the other way.
 // resolve_kernel_9 / _16 run one 512-thread block per request:
 //
 //   0. read the request's clock (the stamp word of its slot R - 1), its length and (one token per
 //      request) its first pass of positions, then collect its tokens;
 //   1. stamp the hits (a thread's kIlp exchanges in flight together) and claim each missing
-//      position once (atomicCAS -1 -> -2 on the position -> slot map); counts are summed per warp;
+//      position once (atomicCAS -1 -> -2 on the position -> slot map); counts are summed per warp.
+//      Each claimed miss goes to the copy list (pool row, position) at once; the list is then
+//      handed to the copy blocks (below);
 //   2. sort the misses by position and the candidate slots by (stamp, slot) with two block-wide
 //      radix sorts (9 keys per thread for R <= 4608, 16 up to R = 8192; the slot keys are 32-bit
 //      while the clock is below 2^18), pair them rank by rank, update map, slot positions and
-//      stamps, and write the copy list (pool row, slot) and the miss count to the workspace;
+//      stamps. A request with at most kSmallMisses misses and 32-bit keys does it without sorts
+//      (assign_slots_small: ranks by counting, the n-th smallest key by a binary search);
 //   3. write the physical hot rows of every token (compacted in entry order by a block scan) and
 //      its count, advance the request's clock and add its counters (fire-and-forget atomics).
 //
-// copy_kernel (a programmatic dependent launch: its blocks become resident while resolve_kernel
-// runs and wait for its end in griddepcontrol.wait) copies the listed rows straight from pinned
-// host memory into the hot buffer: blocks_per_req blocks per request (up to about 8 x #SMs blocks
-// in all: a request's misses spread over many SMs, about 4 pieces of 16 bytes per thread when it
-// misses everything), up to kCopyUnroll 16-byte loads in flight per thread.
+// The hand-off (s10): right after phase 1 each resolve block has written its request's claimed
+// misses, in claim order, as (pool row, position) to the workspace's job list; it then raises one
+// state flag per copy block of its request (the miss count + 1). copy_kernel (a programmatic
+// dependent launch: its blocks become resident while resolve_kernel runs) spins on its own flag,
+// clears it, loads its first round of rows from pinned host memory into registers, and only then
+// waits for the resolver's end (griddepcontrol.wait): each row's slot is its position's entry in
+// the final map. The host reads thus run under phases 2 and 3 instead of after them. Blocks per
+// request: enough for about 4 pieces of 16 bytes per thread when a request misses everything, at
+// most kTieredCopyFlags, about 2 x #SMs blocks in all; up to kCopyRoundUnroll loads in flight per
+// thread per round.
 //
 // A step that hits everything is one pass over the entries with no sort; when its request has one
 // token of K <= kThreads * kIlp entries, the rows are written from the registers of that pass
-// (no second read of positions or map), and copy_kernel's blocks read a zero miss count and exit.
+// (no second read of positions or map), and copy_kernel's blocks read a zero count from their
+// flag (before the resolver ends) and exit at its end.
 //
 // Device-side bad input (request ids, lengths, positions with no pool row) never reaches memory:
 // it is counted in TieredCounters::errors and those tokens/entries come out empty.
@@ -49,13 +59,25 @@ constexpr int kThreads = 512;
 constexpr int kItemsSmall = 9, kItemsLarge = 16;
 static_assert(kThreads * kItemsLarge == kTieredMaxHotSlots);
 constexpr int kSlotBits = 13;  // slot < 8192
+// A request's step with at most this many misses (and 32-bit LRU keys) picks its victims without
+// the two block sorts (assign_slots_small); more take the sorts.
+constexpr int kSmallMisses = 256;
 constexpr int kIlp = 4;        // top-k entries per thread per pass (loads in flight)
 constexpr int kCopyUnroll = 16;  // 16-byte host loads in flight per thread: 64 KB per 256-thread block
+// copy_kernel: 16-byte host loads in flight per thread per round (8: 64 registers, 4 blocks per
+// SM and one beside a resolve block, so its grid is resident in one wave beside the resolver), and
+// at most about kCopyBlocksPerSm blocks per SM in all (2 x 132 blocks x 256 threads x 8 x 16 B =
+// 8.7 MB in flight per round, far above what the ~55 GB/s link needs to stay busy).
+constexpr int kCopyRoundUnroll = 8;
+constexpr int kCopyBlocksPerSm = 2;
+int copy_blocks_override = 0;        // set_tiered_copy_blocks_for_testing (0: the launcher's choice)
+bool copy_late = false;              // set_tiered_copy_late_for_testing: the first loads wait for the resolver's end
 
-// One missing row to copy: its host-pool row and hot slot.
+// One missing row to copy: its host-pool row and its position (the slot it lands in is the final
+// position -> slot map's entry, which copy_kernel reads after the resolver's end).
 struct CopyJob {
   int32_t src_row;
-  int32_t slot;
+  int32_t pos;
 };
 
 struct ResolveParams {
@@ -87,7 +109,9 @@ struct ResolveParams {
   int64_t phys_stride_t;
   int32_t* counts;              // nullable [T]
   int32_t* miss_count;          // workspace: [max_requests] rows to copy per request
-  CopyJob* jobs;                // workspace: [max_requests, R] the rows to copy
+  CopyJob* jobs;                // workspace: [max_requests, R] the rows to copy, in claim order
+  uint32_t* copy_flags;         // state: [max_requests, kTieredCopyFlags] hand-off words, 0 between steps
+  int copy_blocks_per_req;      // copy_kernel's blocks per request (<= kTieredCopyFlags): the flags raised
 };
 
 using Scan = cub::BlockScan<int, kThreads>;
@@ -113,6 +137,12 @@ struct ResolveSmem {
   // threads contending on one word serialize for many microseconds; a step's counts fit 32 bits.
   unsigned hits;
   unsigned errors;
+  // The small-step victim choice (assign_slots_small): per-warp counts (two buffers), the chosen
+  // candidate keys, and the slot of each rank.
+  unsigned warp_count[2][kThreads / 32];
+  int num_sel;
+  uint32_t sel[kSmallMisses];
+  int32_t slot_of_rank[kSmallMisses];
 };
 static_assert(sizeof(ResolveSmem<kItemsLarge>) <= 227 * 1024);
 
@@ -195,11 +225,12 @@ __device__ void collect_tokens(const ResolveParams& p, int r, Smem& sm, int32_t 
 template <class Smem>
 __device__ void classify_entries(const ResolveParams& p, int r, int32_t len, uint32_t now, Smem& sm,
                                  bool have_pre, const int32_t (&pre)[kIlp], int32_t (&keep_pos)[kIlp],
-                                 int32_t (&keep_slot)[kIlp]) {
+                                 int32_t (&keep_slot)[kIlp], unsigned& hits, uint32_t (&pending)[kIlp]) {
   int32_t* map = p.pos_slot + int64_t(r) * p.max_positions;
   uint32_t* stamps = p.stamps + int64_t(r) * p.R;
-  unsigned hits = 0, errors = 0;
-  bool newest = false;
+  CopyJob* jobs = p.jobs + int64_t(r) * p.R;
+  unsigned errors = 0;
+  bool newest = false, wrote_jobs = false;
   for (int i = 0; i < sm.num_tokens; ++i) {
     const int32_t* row = p.positions + int64_t(sm.tokens[i]) * p.pos_stride_t;
     for (int base = 0; base < p.topk; base += kThreads * kIlp) {
@@ -216,6 +247,11 @@ __device__ void classify_entries(const ResolveParams& p, int r, int32_t len, uin
       for (int u = 0; u < kIlp; ++u) kind[u] = classify(len, pos[u]);
 #pragma unroll
       for (int u = 0; u < kIlp; ++u) slot[u] = kind[u] == kOld ? map[pos[u]] : -3;
+      // Pool rows of every old entry, loaded beside the map (not after it): a miss's host read
+      // then waits one round trip less; a hit's is unused (the block table is small and hot).
+      int32_t pool_row[kIlp];
+#pragma unroll
+      for (int u = 0; u < kIlp; ++u) pool_row[u] = kind[u] == kOld ? int32_t(pool_row_of(p, r, pos[u])) : -1;
       // The hits' stamp exchanges go out together (one round trip, not kIlp); a position already
       // stamped `now` by another entry of this step is not counted again.
       uint32_t old[kIlp];
@@ -224,13 +260,15 @@ __device__ void classify_entries(const ResolveParams& p, int r, int32_t len, uin
 #pragma unroll
       for (int u = 0; u < kIlp; ++u)
         if (slot[u] >= 0) old[u] = atomicExch(&stamps[slot[u]], now);
+      // The exchanges' results are counted one pass late (the last pass's by count_hits, after the
+      // ids are written), so their round trip is not waited for here.
 #pragma unroll
-      for (int u = 0; u < kIlp; ++u) newest |= kind[u] == kNewest, hits += old[u] != now;
-      // Misses (map -1): their pool rows (read only here, off the hit path), then the claims, each
-      // kind of load issued for all kIlp entries at once. A position with no pool row is an error.
+      for (int u = 0; u < kIlp; ++u) newest |= kind[u] == kNewest, hits += pending[u] != now, pending[u] = old[u];
+      // Misses (map -1): their pool rows, then the claims, issued for all kIlp entries at once. A
+      // position with no pool row is an error.
       int32_t prow[kIlp];
 #pragma unroll
-      for (int u = 0; u < kIlp; ++u) prow[u] = slot[u] == -1 ? int32_t(pool_row_of(p, r, pos[u])) : -1;
+      for (int u = 0; u < kIlp; ++u) prow[u] = slot[u] == -1 ? pool_row[u] : -1;
       bool claimed[kIlp];
 #pragma unroll
       for (int u = 0; u < kIlp; ++u) {
@@ -247,18 +285,23 @@ __device__ void classify_entries(const ResolveParams& p, int r, int32_t len, uin
         int at = 0;
         if (lane == __ffs(m) - 1) at = atomicAdd(&sm.num_miss, __popc(m));
         at = __shfl_sync(0xffffffffu, at, __ffs(m) - 1);
-        if (claimed[u]) sm.miss[at + __popc(m & ((1u << lane) - 1))] = pos[u];
+        if (claimed[u]) {
+          const int idx = at + __popc(m & ((1u << lane) - 1));
+          sm.miss[idx] = pos[u];
+          jobs[idx] = CopyJob{prow[u], pos[u]};  // the copy blocks start on these before the victims are known
+          wrote_jobs = true;
+        }
       }
 #pragma unroll
       for (int u = 0; u < kIlp; ++u) keep_pos[u] = pos[u], keep_slot[u] = slot[u];
     }
   }
+  // The job list is published (publish_misses) after a block barrier: each writer fences first.
+  if (wrote_jobs) __threadfence();
   // Summed per warp first: one shared atomic per warp, not per thread (every thread gets here).
-  hits = __reduce_add_sync(0xffffffffu, hits);
   errors = __reduce_add_sync(0xffffffffu, errors);
   newest = __any_sync(0xffffffffu, newest);
   if ((threadIdx.x & 31) == 0) {
-    if (hits) atomicAdd(&sm.hits, hits);
     if (errors) atomicAdd(&sm.errors, errors);
     if (newest) atomicExch(&sm.newest_used, 1);
   }
@@ -285,18 +328,96 @@ __device__ void sort_misses(const ResolveParams& p, int num_miss, Smem& sm) {
   }
 }
 
-// Phase 2b: misses by position meet candidate slots by (stamp, slot), rank by rank; the rows to
-// copy go to the workspace's copy list (copy_kernel moves them).
+// Phase 2 for a step of n <= kSmallMisses misses whose LRU keys fit 32 bits (end_bit <= 31), with
+// no sort. The misses (distinct positions) are ranked by counting; the n smallest candidate keys
+// (stamp << kSlotBits | slot, distinct) are found by a binary search for the n-th smallest key
+// value (a block-wide count per probe, end_bit probes), collected, and ranked by counting. Rank i
+// of each side then meets as in assign_slots: the same pairs, so the same map, slots and stamps.
+template <class Smem>
+__device__ void assign_slots_small(const ResolveParams& p, int r, uint32_t now, int end_bit, Smem& sm) {
+  constexpr int kItems = Smem::kItems;
+  const int n = sm.num_miss;
+  const int t = int(threadIdx.x), lane = t & 31, warp = t >> 5;
+  uint32_t* stamps = p.stamps + int64_t(r) * p.R;
+  // The candidate keys (padding and slots stamped `now`: all ones, never chosen).
+  uint32_t key[kItems];
+#pragma unroll
+  for (int k = 0; k < kItems; ++k) {
+    const int sl = t * kItems + k;
+    const uint32_t st = sl < p.R - 1 ? stamps[sl] : now;
+    key[k] = st != now ? (st << kSlotBits) | uint32_t(sl) : 0xffffffffu;
+  }
+  // Misses by position: rank = how many misses lie below (positions are distinct).
+  if (t < n) {
+    const int32_t q = sm.miss[t];
+    int rank = 0;
+    for (int j = 0; j < n; ++j) rank += sm.miss[j] < q;
+    sm.sorted_miss[rank] = q;
+  }
+  if (t == 0) sm.num_sel = 0;
+  // The n-th smallest key: the least v with count(key <= v) >= n. Candidate keys are below
+  // 2^end_bit, and there are at least n of them (the plan rule), so v < 2^end_bit.
+  uint32_t lo = 0, hi = (end_bit >= 32 ? 0xffffffffu : (1u << end_bit) - 1u);
+  for (int it = 0; lo < hi; ++it) {
+    const uint32_t mid = lo + (hi - lo) / 2;
+    unsigned c = 0;
+#pragma unroll
+    for (int k = 0; k < kItems; ++k) c += key[k] <= mid;
+    c = __reduce_add_sync(0xffffffffu, c);
+    if (lane == 0) sm.warp_count[it & 1][warp] = c;
+    __syncthreads();  // two buffers: a warp rewrites this one only after the next barrier
+    unsigned total = 0;
+#pragma unroll
+    for (int w = 0; w < kThreads / 32; ++w) total += sm.warp_count[it & 1][w];
+    if (total >= unsigned(n)) hi = mid;
+    else lo = mid + 1;
+  }
+  // The n chosen keys (exactly those <= lo), then each one's rank among them.
+#pragma unroll
+  for (int k = 0; k < kItems; ++k) {
+    const bool chosen = key[k] <= lo;
+    const unsigned m = __ballot_sync(0xffffffffu, chosen);
+    if (m == 0) continue;
+    int at = 0;
+    if (lane == __ffs(m) - 1) at = atomicAdd(&sm.num_sel, __popc(m));
+    at = __shfl_sync(0xffffffffu, at, __ffs(m) - 1);
+    if (chosen) sm.sel[at + __popc(m & ((1u << lane) - 1))] = key[k];
+  }
+  __syncthreads();
+  if (t < n) {
+    const uint32_t x = sm.sel[t];
+    int rank = 0;
+    for (int j = 0; j < n; ++j) rank += sm.sel[j] < x;
+    sm.slot_of_rank[rank] = int32_t(x & ((1u << kSlotBits) - 1));
+  }
+  __syncthreads();
+  if (t < n) {
+    int32_t* map = p.pos_slot + int64_t(r) * p.max_positions;
+    int32_t* slot_pos = p.slot_pos + int64_t(r) * p.R;
+    const int32_t q = sm.sorted_miss[t];
+    const int sl = sm.slot_of_rank[t];
+    const int32_t old = slot_pos[sl];
+    if (old >= 0) map[old] = -1;
+    map[q] = sl, slot_pos[sl] = q, stamps[sl] = now;
+  }
+}
+
+// Phase 2b: misses by position meet candidate slots by (stamp, slot), rank by rank: map, slot
+// positions and stamps (copy_kernel reads each claimed row's slot from the map afterwards).
 template <class Smem>
 __device__ void assign_slots(const ResolveParams& p, int r, uint32_t now, Smem& sm) {
   constexpr int kItems = Smem::kItems;
   const int num_miss = sm.num_miss;
-  sort_misses(p, num_miss, sm);
-  __syncthreads();
-  uint32_t* stamps = p.stamps + int64_t(r) * p.R;
   // Keys (stamp << kSlotBits) | slot; a slot stamped `now` (a hit of this step) and the padding
   // get all ones. Stamps are <= now: the other keys are below 2^end_bit - 1, so those sort last.
   const int end_bit = kSlotBits + 32 - __clz(int(now));
+  if (num_miss <= kSmallMisses && end_bit <= 31) {
+    assign_slots_small(p, r, now, end_bit, sm);
+    return;
+  }
+  sort_misses(p, num_miss, sm);
+  __syncthreads();
+  uint32_t* stamps = p.stamps + int64_t(r) * p.R;
   int slot_of_rank[kItems];  // blocked: thread i holds ranks i*kItems .. i*kItems + kItems - 1
   if (end_bit <= 31) {  // now < 2^18: the keys fit 32 bits (SortPos's sort, half the exchange bytes)
     uint32_t key[kItems];
@@ -323,22 +444,19 @@ __device__ void assign_slots(const ResolveParams& p, int r, uint32_t now, Smem& 
   }
   int32_t* map = p.pos_slot + int64_t(r) * p.max_positions;
   int32_t* slot_pos = p.slot_pos + int64_t(r) * p.R;
-  CopyJob* jobs = p.jobs + int64_t(r) * p.R;
-  // Chunks of up to 9 ranks: each chunk's slot_pos and block-table loads go out together, then
-  // its writes (the ranks' slots are distinct, as are the old and the new positions).
+  // Chunks of up to 9 ranks: each chunk's slot_pos loads go out together, then its writes (the
+  // ranks' slots are distinct, as are the old and the new positions).
   constexpr int kChunk = kItems <= 9 ? kItems : 8;
 #pragma unroll
   for (int k0 = 0; k0 < kItems; k0 += kChunk) {
-    int32_t q[kChunk], old[kChunk], prow[kChunk];
+    int32_t q[kChunk], old[kChunk];
 #pragma unroll
     for (int c = 0; c < kChunk; ++c) {
       const int k = k0 + c, i = int(threadIdx.x) * kItems + k;
-      q[c] = -1, old[c] = -1, prow[c] = -1;
+      q[c] = -1, old[c] = -1;
       if (k < kItems && i < num_miss) {
-        const int s = slot_of_rank[k];
         q[c] = sm.sorted_miss[i];
-        old[c] = slot_pos[s];
-        prow[c] = int32_t(pool_row_of(p, r, q[c]));
+        old[c] = slot_pos[slot_of_rank[k]];
       }
     }
 #pragma unroll
@@ -348,7 +466,6 @@ __device__ void assign_slots(const ResolveParams& p, int r, uint32_t now, Smem& 
         const int s = slot_of_rank[k];
         if (old[c] >= 0) map[old[c]] = -1;
         map[q[c]] = s, slot_pos[s] = q[c], stamps[s] = now;
-        jobs[i] = CopyJob{prow[c], s};
       }
     }
   }
@@ -416,6 +533,28 @@ __device__ void write_row_from_regs(const ResolveParams& p, int r, int32_t len, 
   if (threadIdx.x == 0 && p.counts) p.counts[t] = n;
 }
 
+// The hits of classify_entries: its count so far plus its last pass's exchange results, summed per
+// warp into sm.hits (every thread of the block calls it; a block barrier follows before sm.hits is read).
+template <class Smem>
+__device__ __forceinline__ void count_hits(uint32_t now, unsigned hits, const uint32_t (&pending)[kIlp], Smem& sm) {
+#pragma unroll
+  for (int u = 0; u < kIlp; ++u) hits += pending[u] != now;
+  hits = __reduce_add_sync(0xffffffffu, hits);
+  if ((threadIdx.x & 31) == 0 && hits) atomicAdd(&sm.hits, hits);
+}
+
+// The hand-off to copy_kernel: request r's job list (count entries, written and fenced by their
+// writers before the block barrier that precedes this call) is complete; raise one flag per copy
+// block of the request (count + 1; each copy block reads and clears its own). With no job to
+// publish (an all-hit step) the flag orders nothing, so no fence delays the id write.
+__device__ __forceinline__ void publish_misses(const ResolveParams& p, int r, int count) {
+  if (int(threadIdx.x) < p.copy_blocks_per_req) {
+    if (count > 0) __threadfence();
+    *reinterpret_cast<volatile uint32_t*>(p.copy_flags + int64_t(r) * kTieredCopyFlags + threadIdx.x) =
+        uint32_t(count) + 1u;
+  }
+}
+
 template <int kItems>
 __device__ __forceinline__ void resolve_body(const ResolveParams& p) {
   using Smem = ResolveSmem<kItems>;
@@ -438,10 +577,17 @@ __device__ __forceinline__ void resolve_body(const ResolveParams& p) {
   }
   collect_tokens(p, r, sm, len);
   const bool live = sm.num_tokens > 0 && !sm.bad;
+  if (!live && r < p.num_reqs) publish_misses(p, r, 0);  // nothing to copy for this request
   if (live) {
     int32_t keep_pos[kIlp], keep_slot[kIlp];
-    classify_entries(p, r, len, now, sm, have_pre, pre, keep_pos, keep_slot);
+    unsigned hits = 0;
+    uint32_t pending[kIlp];
+#pragma unroll
+    for (int u = 0; u < kIlp; ++u) pending[u] = now;
+    classify_entries(p, r, len, now, sm, have_pre, pre, keep_pos, keep_slot, hits, pending);
     __syncthreads();
+    // The copy blocks start their host reads now; the victims, the map and the ids follow.
+    publish_misses(p, r, sm.num_miss);
     if (sm.num_miss == 0 && sm.num_tokens == 1 && p.topk <= kThreads * kIlp) {
       write_row_from_regs(p, r, len, sm, keep_pos, keep_slot);
     } else {
@@ -449,6 +595,7 @@ __device__ __forceinline__ void resolve_body(const ResolveParams& p) {
       __syncthreads();  // map writes of every thread are visible to the block; the scan reuses the union
       write_rows(p, r, len, sm);
     }
+    count_hits(now, hits, pending, sm);  // the exchanges' round trip ran under the id write
   } else if (sm.num_tokens > 0) {  // a dropped request: every one of its tokens comes out empty
     for (int64_t t = 0; t < p.num_tokens; ++t)
       if (req_of(p, t) == r) write_empty_row(p, t);
@@ -481,39 +628,103 @@ __device__ __forceinline__ void resolve_body(const ResolveParams& p) {
 __global__ void __launch_bounds__(kThreads, 1) resolve_kernel_9(ResolveParams p) { resolve_body<kItemsSmall>(p); }
 __global__ void __launch_bounds__(kThreads) resolve_kernel_16(ResolveParams p) { resolve_body<kItemsLarge>(p); }
 
-// Copies the rows of the copy lists: request blockIdx.x / blocks_per_req, the part blockIdx.x %
-// blocks_per_req of its 16-byte pieces (strided, kCopyUnroll loads in flight per thread).
+// copy_kernel's arguments.
+struct CopyParams {
+  uint32_t* flags;            // state: [max_requests, kTieredCopyFlags] hand-off words
+  const CopyJob* jobs;        // workspace: [max_requests, R] (pool row, position), claim order
+  const int32_t* pos_slot;    // state: [max_requests, max_positions] the map (final after the resolver)
+  int64_t max_positions;
+  int R, blocks_per_req, pieces;
+  const uint8_t* pool;        // device-visible pointer of the pinned host pool
+  int64_t pool_stride;
+  uint8_t* hot;               // [max_requests * R rows]
+  int64_t hot_stride;
+  int late;                   // benchmark A/B only: 1 = no load before the resolver's end (s9's schedule)
+};
+
 constexpr int kCopyThreads = 256;
-__global__ void __launch_bounds__(kCopyThreads) copy_kernel(const int32_t* miss_count, const CopyJob* jobs_all, int R,
-                                                            int blocks_per_req, int pieces, const uint8_t* pool,
-                                                            int64_t pool_stride, uint8_t* hot_all, int64_t hot_stride) {
-  ptx::pdl_wait();  // resolve_kernel's copy lists (a no-op unless launched with PDL)
-  const int r = int(blockIdx.x) / blocks_per_req, part = int(blockIdx.x) % blocks_per_req;
-  const int total = miss_count[r] * pieces;
-  const CopyJob* jobs = jobs_all + int64_t(r) * R;
-  uint8_t* hot = hot_all + int64_t(r) * R * hot_stride;
+
+// One round of a copy thread: up to kCopyRoundUnroll pieces i = base + u * width of the request's list
+// (piece i: 16 bytes at offset 16 * (i % pieces) of job i / pieces), loaded from the host pool.
+struct CopyRound {
+  uint4 v[kCopyRoundUnroll];
+};
+
+__device__ __forceinline__ void copy_load(const CopyParams& c, const CopyJob* jobs, int base, int width, int total,
+                                          CopyRound& rd) {
+#pragma unroll
+  for (int u = 0; u < kCopyRoundUnroll; ++u) {
+    const int i = base + u * width;
+    if (i < total) {
+      // Through L2 (ld.global.cg): a job line cached in this SM's L1 by another request's block
+      // could predate this request's flag.
+      const int32_t src_row = __ldcg(&jobs[i / c.pieces].src_row);
+      rd.v[u] = *reinterpret_cast<const uint4*>(c.pool + int64_t(src_row) * c.pool_stride + 16 * (i % c.pieces));
+    }
+  }
+}
+
+// The stores of a round, after the resolver's end: each piece's slot is its position's final map
+// entry (every claimed position got one; a negative entry is never written through). The job's
+// position is read again here (an L2 hit, under the host loads' latency) rather than kept in
+// registers across the wait: the kernel stays at <= 64 registers, 4 blocks per SM, one beside a
+// resolve block.
+__device__ __forceinline__ void copy_store(const CopyParams& c, const CopyJob* jobs, const int32_t* map, uint8_t* hot,
+                                           int base, int width, int total, const CopyRound& rd) {
+  int32_t pos[kCopyRoundUnroll], slot[kCopyRoundUnroll];
+#pragma unroll
+  for (int u = 0; u < kCopyRoundUnroll; ++u) {
+    const int i = base + u * width;
+    pos[u] = i < total ? __ldcg(&jobs[i / c.pieces].pos) : -1;
+  }
+#pragma unroll
+  for (int u = 0; u < kCopyRoundUnroll; ++u) slot[u] = pos[u] >= 0 ? __ldcg(map + pos[u]) : -1;
+#pragma unroll
+  for (int u = 0; u < kCopyRoundUnroll; ++u) {
+    const int i = base + u * width;
+    if (slot[u] >= 0 && slot[u] < c.R - 1)
+      *reinterpret_cast<uint4*>(hot + int64_t(slot[u]) * c.hot_stride + 16 * (i % c.pieces)) = rd.v[u];
+  }
+}
+
+// Copies the claimed rows: request blockIdx.x / blocks_per_req, the part blockIdx.x %
+// blocks_per_req of its 16-byte pieces (strided, kCopyRoundUnroll loads in flight per thread).
+// A PDL launch: the blocks are resident while resolve_kernel runs. Each waits for its own flag
+// (raised by the resolve block right after classification, with the job list complete), clears
+// it, and issues its first round of host loads at once; only the stores wait for the resolver's
+// end (griddepcontrol.wait), when the victims are in the map. Later rounds (large steps) load and
+// store in turn. No deadlock: the resolve blocks have all started (each triggers the launch at its
+// first instruction) and none waits for a copy block.
+__global__ void __launch_bounds__(kCopyThreads) copy_kernel(CopyParams c) {
+  const int r = int(blockIdx.x) / c.blocks_per_req, part = int(blockIdx.x) % c.blocks_per_req;
+  __shared__ int s_count;
+  if (threadIdx.x == 0) {
+    volatile uint32_t* flag = c.flags + int64_t(r) * kTieredCopyFlags + part;
+    uint32_t v;
+    while ((v = *flag) == 0) __nanosleep(64);
+    __threadfence();  // the job list, fenced before the flag, is read after this
+    *flag = 0;        // this block is the flag's only reader: zero again for the next step
+    s_count = int(v) - 1;
+  }
+  __syncthreads();
+  const int total = s_count * c.pieces;
+  const CopyJob* jobs = c.jobs + int64_t(r) * c.R;
+  const int32_t* map = c.pos_slot + int64_t(r) * c.max_positions;
+  uint8_t* hot = c.hot + int64_t(r) * c.R * c.hot_stride;
   // The request's blocks_per_req * kCopyThreads threads take consecutive pieces (coalesced), u-th
   // load of a thread one grid width further: a short list spreads over all of the request's
   // blocks (SMs) instead of filling the first few.
-  const int width = blocks_per_req * kCopyThreads;
-  for (int base = part * kCopyThreads + int(threadIdx.x); base < total; base += width * kCopyUnroll) {
-    uint4 v[kCopyUnroll];
-#pragma unroll
-    for (int u = 0; u < kCopyUnroll; ++u) {
-      const int i = base + u * width;
-      if (i < total) {
-        const CopyJob job = jobs[i / pieces];
-        v[u] = *reinterpret_cast<const uint4*>(pool + int64_t(job.src_row) * pool_stride + 16 * (i % pieces));
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kCopyUnroll; ++u) {
-      const int i = base + u * width;
-      if (i < total) {
-        const CopyJob job = jobs[i / pieces];
-        *reinterpret_cast<uint4*>(hot + int64_t(job.slot) * hot_stride + 16 * (i % pieces)) = v[u];
-      }
-    }
+  const int width = c.blocks_per_req * kCopyThreads;
+  int base = part * kCopyThreads + int(threadIdx.x);
+  CopyRound rd;
+  if (c.late) ptx::pdl_wait();
+  copy_load(c, jobs, base, width, total, rd);  // before the victims are chosen
+  ptx::pdl_wait();  // resolve_kernel's end: map final (a no-op unless launched with PDL)
+  if (total == 0) return;
+  copy_store(c, jobs, map, hot, base, width, total, rd);
+  for (base += width * kCopyRoundUnroll; base < total; base += width * kCopyRoundUnroll) {
+    copy_load(c, jobs, base, width, total, rd);
+    copy_store(c, jobs, map, hot, base, width, total, rd);
   }
 }
 
@@ -660,6 +871,26 @@ void resolve_tiered(const TieredCache& cache, const TieredResolveParams& p, void
 
   auto st = static_cast<cudaStream_t>(stream);
   const unsigned grid = unsigned(p.num_reqs > 0 ? p.num_reqs : 1);
+
+  // copy_kernel's blocks per request: enough for the most a request can miss (R - 1 rows, or its
+  // tokens' K entries) at kCopyPiecesPerThread pieces per thread, at most kTieredCopyFlags, and
+  // at most about kCopyBlocksPerSm x #SMs blocks in all (one wave beside the resolve blocks; a
+  // thread then takes up to kCopyRoundUnroll pieces per round). Depends on (num_reqs, topk) and
+  // the device only; decided before any launch, since the resolve blocks raise that many flags.
+  int dev = 0, sms = 0;
+  check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
+  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
+  const int pieces = k.row_bytes / 16;
+  const int64_t max_rows = std::min<int64_t>(c.hot_slots - 1, int64_t(c.max_tokens_per_request) * p.topk);
+  constexpr int kCopyPiecesPerThread = 4;
+  const int64_t per_block = int64_t(kCopyThreads) * kCopyPiecesPerThread;
+  const int64_t want = std::max<int64_t>(1, (max_rows * pieces + per_block - 1) / per_block);
+  const int64_t cap = std::max<int64_t>(1, int64_t(sms) * kCopyBlocksPerSm / std::max(1, p.num_reqs));
+  int blocks_per_req = int(std::min<int64_t>(std::min(want, cap), kTieredCopyFlags));
+  if (copy_blocks_override > 0) blocks_per_req = std::min(copy_blocks_override, kTieredCopyFlags);
+  k.copy_flags = reinterpret_cast<uint32_t*>(base + L.copy_flags);
+  k.copy_blocks_per_req = blocks_per_req;
+
   // The attribute is set on every call: it belongs to the current device, and the call is cheap.
   if (c.hot_slots <= kThreads * kItemsSmall) {
     constexpr int kSmem = int(sizeof(ResolveSmem<kItemsSmall>));
@@ -673,25 +904,19 @@ void resolve_tiered(const TieredCache& cache, const TieredResolveParams& p, void
     resolve_kernel_16<<<grid, kThreads, kSmem, st>>>(k);
   }
   check_launch("resolve_kernel");
-  // Launched whenever resolve_kernel wrote miss counts (T = 0 included: every count is then 0 and
-  // the pool is not read), so the launch shape depends on (num_reqs, topk) only.
+  // Launched whenever resolve_kernel raised flags (T = 0 included: every count is then 0 and the
+  // pool is not read), so the launch shape depends on (num_reqs, topk) only. It must run after
+  // every resolve launch that raised flags: they are cleared only by their copy blocks.
   if (p.num_reqs == 0) return;
 
-  // Blocks per request: enough for the most a request can miss (R - 1 rows, or its tokens' K
-  // entries) at kCopyPiecesPerThread pieces per thread, at most about 8 x #SMs blocks in all (a
-  // thread then takes up to kCopyUnroll pieces per round). Depends on (num_reqs, topk) only.
-  int dev = 0, sms = 0;
-  check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
-  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
-  const int pieces = k.row_bytes / 16;
-  const int64_t max_rows = std::min<int64_t>(c.hot_slots - 1, int64_t(c.max_tokens_per_request) * p.topk);
-  constexpr int kCopyPiecesPerThread = 4;
-  const int64_t per_block = int64_t(kCopyThreads) * kCopyPiecesPerThread;
-  const int64_t want = std::max<int64_t>(1, (max_rows * pieces + per_block - 1) / per_block);
-  const int64_t cap = std::max<int64_t>(1, int64_t(sms) * 8 / p.num_reqs);
-  const int blocks_per_req = int(std::min(want, cap));
+  CopyParams cp{};
+  cp.flags = k.copy_flags, cp.jobs = k.jobs, cp.pos_slot = k.pos_slot, cp.max_positions = c.max_positions;
+  cp.R = c.hot_slots, cp.blocks_per_req = blocks_per_req, cp.pieces = pieces;
+  cp.pool = k.pool, cp.pool_stride = k.pool_stride, cp.hot = k.hot, cp.hot_stride = k.hot_stride;
+  cp.late = copy_late ? 1 : 0;
   // A PDL launch: its blocks become resident while resolve_kernel runs (every resolve block
-  // triggers at its start) and wait in pdl_wait() for its end, so no launch gap sits between them.
+  // triggers at its start), start their host reads at their flag and wait in pdl_wait() for its
+  // end before storing, so no launch gap and no victim choice sits before the host reads.
   cudaLaunchConfig_t lc{};
   lc.gridDim = dim3(unsigned(int64_t(blocks_per_req) * p.num_reqs));
   lc.blockDim = dim3(kCopyThreads);
@@ -701,12 +926,12 @@ void resolve_tiered(const TieredCache& cache, const TieredResolveParams& p, void
   attr.val.programmaticStreamSerializationAllowed = 1;
   lc.attrs = &attr;
   lc.numAttrs = 1;
-  check_cuda(cudaLaunchKernelEx(&lc, copy_kernel, static_cast<const int32_t*>(k.miss_count),
-                                static_cast<const CopyJob*>(k.jobs), int(c.hot_slots), blocks_per_req, pieces, k.pool,
-                                int64_t(k.pool_stride), k.hot, int64_t(k.hot_stride)),
-             "copy_kernel launch (PDL)");
+  check_cuda(cudaLaunchKernelEx(&lc, copy_kernel, cp), "copy_kernel launch (PDL)");
   check_launch("copy_kernel");
 }
+
+void set_tiered_copy_blocks_for_testing(int blocks_per_request) { copy_blocks_override = blocks_per_request; }
+void set_tiered_copy_late_for_testing(bool late) { copy_late = late; }
 
 void gather_rows_from_host(const void* src, int64_t src_stride, const int32_t* rows, int64_t n, void* dst,
                            int64_t dst_stride, int row_bytes, void* stream) {
