@@ -30,7 +30,7 @@ int decode_small_h_splits(const SparseMlaParams& p, int num_sms);
 int decode_small_h_splits(const SparseMlaParams& p, int num_sms, const DecodeDiag& variant);
 
 // Workspace bytes a launch of p needs (0 when no split is needed), enough for any ring; the
-// split-K convention of cuda::sparse_mla, with fp32 partials (launcher.cu fp32_split).
+// split-K convention of cuda::sparse_mla (plan.h split_workspace_bytes).
 size_t decode_small_h_workspace_bytes(const SparseMlaParams& p, int num_sms);
 
 // How K's e4m3 latent becomes an MMA operand (V always uses the bit moves): kBits: bit moves into

@@ -19,20 +19,6 @@ namespace {
 
 namespace d = sm90::decode;
 
-// This experiment keeps fp32 partials; the library's split-K workspace (smla/workspace.h) holds bf16
-// ones since docs/perf-history.md s10-partials, so the experiment lays out its own: part_out
-// [T, H, S, 512] fp32 at 0, part_lse [T, H, S] fp32 at the next 256-byte boundary.
-struct Fp32Split {
-  size_t lse_offset = 0, bytes = 0;  // bytes 0: no split
-};
-Fp32Split fp32_split(int64_t num_tokens, int num_heads, int splits) {
-  if (splits <= 1 || num_tokens <= 0 || num_heads <= 0) return {};
-  const size_t parts = size_t(num_tokens) * size_t(num_heads) * size_t(splits);
-  const auto up = [](size_t n) { return (n + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign; };
-  const size_t lse_offset = up(parts * 512 * sizeof(float));
-  return {lse_offset, up(lse_offset + parts * sizeof(float))};
-}
-
 bool aligned(const void* ptr, int64_t bytes) { return reinterpret_cast<uintptr_t>(ptr) % uint64_t(bytes) == 0; }
 
 
@@ -152,7 +138,7 @@ size_t decode_small_h_workspace_bytes(const SparseMlaParams& p, int num_sms) {
   for (int ring = 0; ring < 3; ++ring)
     for (bool split_heads : {false, true})
       splits = std::max(splits, decode_small_h_splits(p, num_sms, DecodeDiag{DecodeK::kBits, ring, 0, split_heads}));
-  return fp32_split(p.num_tokens, p.num_heads, splits).bytes;
+  return split_workspace_bytes(p.num_tokens, p.num_heads, splits);
 }
 
 void decode_small_h_launch(const SparseMlaParams& p, void* workspace, size_t workspace_bytes, void* stream,
@@ -179,7 +165,7 @@ void decode_small_h_launch_diag(const SparseMlaParams& p, void* workspace, size_
 
   const Shape shape = shape_of(p, dg);
   const int splits = decode_small_h_splits(p, current_num_sms(), dg);
-  const size_t need = fp32_split(p.num_tokens, p.num_heads, splits).bytes;
+  const size_t need = split_workspace_bytes(p.num_tokens, p.num_heads, splits);
   SMLA_CHECK(workspace_bytes >= need && (need == 0 || workspace != nullptr),
              "workspace too small: this launch splits the top-k " + std::to_string(splits) + " ways and needs " +
                  std::to_string(need) + " bytes (decode_small_h_workspace_bytes); got " +
@@ -216,9 +202,9 @@ void decode_small_h_launch_diag(const SparseMlaParams& p, void* workspace, size_
   kp.lse_stride_t = p.lse_stride_t;
   kp.lse_base2 = p.lse_mode == LseMode::kBase2;
   if (splits > 1) {  // carved as smla/workspace.h lays it out (need above is its total)
-    const Fp32Split layout = fp32_split(p.num_tokens, p.num_heads, splits);
-    kp.part_out = static_cast<float*>(workspace);
-    kp.part_lse = reinterpret_cast<float*>(static_cast<uint8_t*>(workspace) + layout.lse_offset);
+    const SparseMlaWorkspace layout = sparse_mla_workspace(p.num_tokens, p.num_heads, splits);
+    kp.part_out = reinterpret_cast<uint16_t*>(static_cast<uint8_t*>(workspace) + layout.part_out.offset);
+    kp.part_lse = reinterpret_cast<float*>(static_cast<uint8_t*>(workspace) + layout.part_lse.offset);
   }
 
   auto s = static_cast<cudaStream_t>(stream);
