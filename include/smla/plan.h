@@ -20,7 +20,7 @@ inline constexpr int kMaxSplits = 32;
 // 16 tiles; 3 would be two waves of 11); T = 32, 1 block/row -> 4; T = 128 -> 1; T = 1, K = 100 -> 1.
 int choose_num_splits(int64_t num_tokens, int blocks_per_row, int topk, int num_sms);
 
-// Bytes of split-K scratch: per (row, head, split) 512 fp32 partial outputs and one fp32 LSE,
+// Bytes of split-K scratch: per (row, head, split) 512 bf16 partial outputs and one fp32 LSE,
 // rounded up to 256 bytes. 0 when splits == 1. = sparse_mla_workspace(...).bytes of smla/workspace.h,
 // the layout that also gives each part's offset.
 size_t split_workspace_bytes(int64_t num_tokens, int num_heads, int splits);

@@ -24,9 +24,13 @@ struct WorkspacePart {
 
 // Split-K scratch of one sparse MLA launch: T rows, H heads, each row's top-k cut into `splits`
 // pieces merged by LSE. Absent (every size 0) when splits <= 1 or T <= 0.
-// Example: T = 1, H = 128, 32 splits: part_out [0, 8388608), part_lse [8388608, 8404992), 8404992 B.
+// The partial outputs are normalized (O / l, |value| <= max |V| * out scale) and stored as bf16: half
+// the bytes of fp32 through the store and the merge's read (the small-call latency, issue #19.3;
+// docs/perf-history.md s10-partials); bf16, not fp16, because V of a bf16 cache can exceed fp16's
+// range. The LSEs stay fp32 and the merge sums in fp32.
+// Example: T = 1, H = 128, 32 splits: part_out [0, 4194304), part_lse [4194304, 4210688), 4210688 B.
 struct SparseMlaWorkspace {
-  WorkspacePart part_out;  // [T, H, splits, 512] fp32 partial outputs
+  WorkspacePart part_out;  // [T, H, splits, 512] bf16 partial outputs (normalized)
   WorkspacePart part_lse;  // [T, H, splits] fp32 partial LSEs (natural log)
   size_t bytes = 0;        // total
 };

@@ -30,7 +30,7 @@ SparseMlaWorkspace sparse_mla_workspace(int64_t num_tokens, int num_heads, int s
   if (splits <= 1 || num_tokens <= 0 || num_heads <= 0) return ws;
   const size_t parts = size_t(num_tokens) * size_t(num_heads) * size_t(splits);  // (row, head, split)
   Carver c;
-  ws.part_out = c.take(parts * kLatentDim * sizeof(float));
+  ws.part_out = c.take(parts * kLatentDim * sizeof(uint16_t));  // bf16
   ws.part_lse = c.take(parts * sizeof(float));
   ws.bytes = c.total();
   return ws;

@@ -254,10 +254,11 @@ TEST(Plan, SplitWorkspaceBytes) {
   EXPECT_EQ(smla::split_workspace_bytes(1, 1, 1), 0u);
   EXPECT_EQ(smla::split_workspace_bytes(100, 128, 1), 0u);
   EXPECT_EQ(smla::split_workspace_bytes(0, 128, 8), 0u);
-  EXPECT_EQ(smla::split_workspace_bytes(1, 1, 2), 4352u);         // 2 * 513 * 4 = 4104 -> 17 * 256
-  EXPECT_EQ(smla::split_workspace_bytes(3, 3, 3), 55552u);        // 27 * 2052 = 55404 -> 217 * 256
-  EXPECT_EQ(smla::split_workspace_bytes(4, 128, 8), 8404992u);    // 4096 * 2052, already a multiple of 256
-  EXPECT_EQ(smla::split_workspace_bytes(65536, 128, 32), size_t(65536) * 128 * 32 * 2052);  // no int overflow
+  // bf16 partial outputs (1024 B per (row, head, split)), fp32 LSEs (4 B), each part 256-aligned.
+  EXPECT_EQ(smla::split_workspace_bytes(1, 1, 2), 2304u);         // 2048 + 8 = 2056 -> 9 * 256
+  EXPECT_EQ(smla::split_workspace_bytes(3, 3, 3), 27904u);        // 27 * 1024 = 27648 (108 * 256) + 108 -> 109 * 256
+  EXPECT_EQ(smla::split_workspace_bytes(4, 128, 8), 4210688u);    // 4096 * 1028, already a multiple of 256
+  EXPECT_EQ(smla::split_workspace_bytes(65536, 128, 32), size_t(65536) * 128 * 32 * 1028);  // no int overflow
 }
 
 TEST(Plan, RowBucket) {

@@ -45,27 +45,29 @@ TEST(Workspace, SparseMlaAbsentWithoutSplit) {
 }
 
 TEST(Workspace, SparseMlaWorkedExamples) {
-  // T = 1, H = 1, 2 splits: out 2 * 512 * 4 = 4096 B at 0, lse 2 * 4 = 8 B at 4096, total 4352 (17 * 256).
+  // The partial outputs are bf16 (2 B each), the LSEs fp32.
+  // T = 1, H = 1, 2 splits: out 2 * 512 * 2 = 2048 B at 0, lse 2 * 4 = 8 B at 2048, total 2304 (9 * 256).
   auto ws = smla::sparse_mla_workspace(1, 1, 2);
   EXPECT_EQ(ws.part_out.offset, 0u);
-  EXPECT_EQ(ws.part_out.bytes, 4096u);
-  EXPECT_EQ(ws.part_lse.offset, 4096u);
+  EXPECT_EQ(ws.part_out.bytes, 2048u);
+  EXPECT_EQ(ws.part_lse.offset, 2048u);
   EXPECT_EQ(ws.part_lse.bytes, 8u);
-  EXPECT_EQ(ws.bytes, 4352u);
-  // T = 3, H = 3, 3 splits: 27 partials -> out 55296 B, lse 108 B at 55296; 55404 -> 55552.
+  EXPECT_EQ(ws.bytes, 2304u);
+  // T = 3, H = 3, 3 splits: 27 partials -> out 27648 B (108 * 256), lse 108 B at 27648; 27756 -> 27904.
   ws = smla::sparse_mla_workspace(3, 3, 3);
-  EXPECT_EQ(ws.part_out.bytes, 55296u);
-  EXPECT_EQ(ws.part_lse.offset, 55296u);
+  EXPECT_EQ(ws.part_out.bytes, 27648u);
+  EXPECT_EQ(ws.part_lse.offset, 27648u);
   EXPECT_EQ(ws.part_lse.bytes, 108u);
-  EXPECT_EQ(ws.bytes, 55552u);
-  // The example of the header: T = 1, H = 128, 32 splits.
+  EXPECT_EQ(ws.bytes, 27904u);
+  // The example of the header: T = 1, H = 128, 32 splits (4096 partials).
   ws = smla::sparse_mla_workspace(1, 128, 32);
-  EXPECT_EQ(ws.part_out.bytes, 8388608u);
-  EXPECT_EQ(ws.part_lse.offset, 8388608u);
-  EXPECT_EQ(ws.bytes, 8404992u);
-  // No int overflow at the largest plans: 65536 rows x 128 heads x 32 splits x 2052 B.
+  EXPECT_EQ(ws.part_out.bytes, 4194304u);
+  EXPECT_EQ(ws.part_lse.offset, 4194304u);
+  EXPECT_EQ(ws.part_lse.bytes, 16384u);
+  EXPECT_EQ(ws.bytes, 4210688u);
+  // No int overflow at the largest plans: 65536 rows x 128 heads x 32 splits x 1028 B.
   ws = smla::sparse_mla_workspace(65536, 128, 32);
-  EXPECT_EQ(ws.bytes, size_t(65536) * 128 * 32 * 2052);
+  EXPECT_EQ(ws.bytes, size_t(65536) * 128 * 32 * 1028);
 }
 
 TEST(Workspace, SparseMlaLayoutIsCarvable) {
@@ -74,11 +76,11 @@ TEST(Workspace, SparseMlaLayoutIsCarvable) {
       for (int s : {2, 3, 8, 32}) {
         const auto ws = smla::sparse_mla_workspace(t, h, s);
         const size_t parts = size_t(t) * size_t(h) * size_t(s);
-        EXPECT_EQ(ws.part_out.bytes, parts * 512 * 4);
+        EXPECT_EQ(ws.part_out.bytes, parts * 512 * 2);
         EXPECT_EQ(ws.part_lse.bytes, parts * 4);
         const size_t sum = check_parts({ws.part_out, ws.part_lse}, ws.bytes,
                                        "T " + std::to_string(t) + " H " + std::to_string(h) + " S " + std::to_string(s));
-        EXPECT_EQ(sum, parts * 513 * 4);
+        EXPECT_EQ(sum, parts * (512 * 2 + 4));
       }
 }
 

@@ -330,6 +330,14 @@ std::vector<Case> cases() {
       s.num_rows = 1 << 16;
       add(f, "T65537_H2_K16", s);
     }
+    // Split top-k at the latency shapes (bf16 partials: perf-history s10-partials): 32 splits at T = 1,
+    // 2 at T = 32 (H = 128).
+    for (int T : {1, 32}) add(f, "T" + std::to_string(T) + "_H128_K2048_split", base(f, T, 128, 2048));
+    if (f == KvFormat::kFP8E4M3) {  // values of large magnitude through out_scale and the bf16 partials
+      auto s = base(f, 1, 128, 2048);
+      s.k_scale = 1e4f, s.softmax_scale /= 1e4f / 0.37f;  // the cases' scores, rows of std 1e4
+      add(f, "T1_H128_K2048_split_kscale1e4", s);
+    }
   }
   // The fp8 caches with an e4m3 q (q_scale folded into the score scale), every case with both
   // score precisions: bf16 (h64.ws, q widened exactly) and fp8 (h64.ws.q8, the fp8 tensor cores).
@@ -351,6 +359,15 @@ std::vector<Case> cases() {
     {
       auto s = qbase(3, 128, 2048, 0.05f);  // split top-k, two head groups
       add(f, "qe4m3_T3_H128_K2048", s);
+    }
+    for (int T : {1, 32}) {  // the latency shapes: 32 / 2 splits
+      auto s = qbase(T, 128, 2048, 0.05f);
+      add(f, "qe4m3_T" + std::to_string(T) + "_H128_K2048_split", s);
+    }
+    if (f == KvFormat::kFP8E4M3) {  // rows of std 5e3 (k_scale), the same scores
+      auto s = qbase(1, 128, 2048, 0.05f);
+      s.k_scale = 5e3f, s.softmax_scale /= 1e4f;
+      add(f, "qe4m3_T1_H128_K2048_split_kscale5e3", s);
     }
     {
       auto s = qbase(4, 48, 200, 0.1f);

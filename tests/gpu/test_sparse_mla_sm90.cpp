@@ -7,6 +7,7 @@
 #include "../common/gpu_test.h"
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <random>
@@ -30,10 +31,22 @@ using smla::test::fresh_seed;
 void cuda_ok(cudaError_t e, const char* what) { ASSERT_EQ(e, cudaSuccess) << what << ": " << cudaGetErrorString(e); }
 
 // Runs spec on the GPU and checks it against the float64 reference, the head padding and the
-// empty-row rule. Returns the problem (with the GPU's out / lse) for further checks.
-smla::testing::HostProblem run_checked(const ProblemSpec& spec, const std::string& what) {
+// empty-row rule. Returns the problem (with the GPU's out / lse) for further checks. kv_mul != 1
+// scales every cache element (bf16 / fp16 caches; the NaN poison stays NaN) and the softmax scale
+// by its inverse: the same scores over values of another magnitude (out scales with it; §8's bars
+// are relative for out, absolute for the LSE, which does not change).
+smla::testing::HostProblem run_checked(const ProblemSpec& spec_in, const std::string& what, float kv_mul = 1.0f) {
   const uint64_t seed = fresh_seed();
+  ProblemSpec spec = spec_in;
+  if (kv_mul != 1.0f) spec.softmax_scale /= kv_mul;
   auto hp = smla::testing::make_problem(spec, seed);
+  if (kv_mul != 1.0f) {
+    EXPECT_TRUE(spec.format == KvFormat::kBF16 || spec.format == KvFormat::kFP16) << "kv_mul scales 16-bit caches";
+    auto* e = reinterpret_cast<uint16_t*>(hp.kv.data());
+    for (size_t i = 0; i < hp.kv.size() / 2; ++i)
+      e[i] = spec.format == KvFormat::kBF16 ? smla::num::f32_to_bf16(smla::num::bf16_to_f32(e[i]) * kv_mul)
+                                            : smla::num::f32_to_fp16(smla::num::fp16_to_f32(e[i]) * kv_mul);
+  }
   SCOPED_TRACE(what + " (seed " + std::to_string(seed) + ")");
   std::vector<double> ref_out, ref_lse;
   smla::testing::reference_double(hp, ref_out, ref_lse);
@@ -42,6 +55,7 @@ smla::testing::HostProblem run_checked(const ProblemSpec& spec, const std::strin
   EXPECT_EQ(d.nonfinite, 0);
   EXPECT_LE(d.rel_l2, 1e-2);
   EXPECT_LE(d.lse_max_abs, 1e-3);
+  std::printf("[ error    ] %s: out rel L2 %.2e, LSE max abs %.2e\n", what.c_str(), d.rel_l2, d.lse_max_abs);
 
   const auto& p = hp.params;
   // Cells between heads of a padded out stride keep their poison (0xff bytes).
@@ -81,6 +95,7 @@ smla::testing::HostProblem run_checked(const ProblemSpec& spec, const std::strin
 struct Case {
   std::string name;
   ProblemSpec spec;
+  float kv_mul = 1.0f;  // run_checked's cache scale
 };
 // GoogleTest prints a parameter in test listings: the case's name, not a dump of its bytes.
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
@@ -94,8 +109,28 @@ ProblemSpec base(int64_t T, int H, int K) {
 
 std::vector<Case> cases() {
   std::vector<Case> v;
-  auto add = [&](std::string name, ProblemSpec s) { v.push_back({std::move(name), s}); };
+  auto add = [&](std::string name, ProblemSpec s, float kv_mul = 1.0f) { v.push_back({std::move(name), s, kv_mul}); };
   add("T1_H16_K2048_split", base(1, 16, 2048));
+  // Split top-k at the latency shapes (the partials are bf16: smla/workspace.h, perf-history
+  // s10-partials): T = 1 (32 splits, two head groups), T = 8 / 16 / 32 (fewer, longer splits).
+  for (auto [T, H] : {std::pair{1, 128}, {1, 64}, {8, 128}, {16, 64}, {32, 128}, {32, 16}}) {
+    auto s = base(T, H, 2048);
+    s.num_rows = 16384;
+    add("T" + std::to_string(T) + "_H" + std::to_string(H) + "_K2048_split", s);
+  }
+  // Values of large magnitude through the bf16 partials: 1e4 (the example) and 1e6, where
+  // a partial (a softmax-weighted mean of ~64 rows of std 1e6) is far beyond fp16's 65504: an fp16
+  // partial would be inf. The fp16 cache: std 4e3 (inf needs 16 sigma; its partials are bf16 too).
+  for (auto [T, H, mul] : {std::tuple{1, 128, 1e4f}, {4, 64, 1e6f}, {32, 128, 1e6f}}) {
+    auto s = base(T, H, 2048);
+    s.num_rows = 16384;
+    add("T" + std::to_string(T) + "_H" + std::to_string(H) + "_K2048_split_v1e" + (mul > 1e5f ? "6" : "4"), s, mul);
+  }
+  {
+    auto s = base(2, 64, 2048);
+    s.format = KvFormat::kFP16, s.q_dtype = s.out_dtype = DType::kFP16, s.num_rows = 16384;
+    add("T2_H64_K2048_fp16_split_v4e3", s, 4e3f);
+  }
   add("T3_H128_K2048", base(3, 128, 2048));
   add("T5_H1_K77", base(5, 1, 77));
   {
@@ -174,7 +209,7 @@ class SparseMlaSm90 : public ::testing::TestWithParam<Case> {};
 
 TEST_P(SparseMlaSm90, MatchesReference) {
   REQUIRE_GPU();
-  run_checked(GetParam().spec, GetParam().name);
+  run_checked(GetParam().spec, GetParam().name, GetParam().kv_mul);
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, SparseMlaSm90, ::testing::ValuesIn(cases()),

@@ -8,6 +8,7 @@
 #include "../common/gpu_test.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -15,6 +16,7 @@
 #include "devtools/testing.h"
 #include "smla/cuda.h"
 #include "smla/engine.h"
+#include "smla/numeric.h"
 #include "smla/workspace.h"
 
 namespace {
@@ -100,8 +102,20 @@ TEST(WorkspaceGpu, SplitLaunchStaysInsideItsLayout) {
     lse_poisoned += u == 0x5a5a5a5au;
   }
   EXPECT_EQ(lse_poisoned, 0) << "partial LSEs not where the layout puts them";
-  EXPECT_LT(untouched(layout.part_out.offset, layout.part_out.end()), layout.part_out.bytes / 8)
-      << "partial outputs not where the layout puts them";
+  // The partial outputs are bf16 (smla/workspace.h), every one written: no 0x5a5a word (~1.5e16 as
+  // bf16) is left, and each is a finite normalized output O / l, so within the rows' range (N(0, 1)
+  // values: |x| < 16; an fp32 store, or bf16 halves in the wrong place, would not be).
+  ASSERT_EQ(layout.part_out.bytes, size_t(s.num_tokens) * s.num_heads * kSplits * smla::kLatentDim * 2);
+  int64_t out_poisoned = 0, out_bad = 0;
+  for (size_t i = 0; i < layout.part_out.bytes / 2; ++i) {
+    uint16_t u;
+    std::memcpy(&u, ws.data() + layout.part_out.offset + 2 * i, 2);
+    out_poisoned += u == 0x5a5au;
+    const float x = smla::num::bf16_to_f32(u);
+    out_bad += !(std::fabs(x) < 16.0f);
+  }
+  EXPECT_EQ(out_poisoned, 0) << "partial outputs not where the layout puts them";
+  EXPECT_EQ(out_bad, 0) << "partial outputs that are not bf16 values of the rows' range";
 
   std::vector<double> ref_out, ref_lse;
   smla::testing::reference_double(hp, ref_out, ref_lse);

@@ -534,12 +534,13 @@ struct DecodeBlock {
           }
         } else {
           const float inv = l > 0.0f ? k2p64 / l : 0.0f;
-          float4* d4 = reinterpret_cast<float4*>(p.part_out + ((t * p.num_heads + hg) * p.num_splits + split) * 512 + d0);
+          // bf16 partials, the library's split-K layout (smla/workspace.h) read by its merge
+          uint2* d2 = reinterpret_cast<uint2*>(p.part_out + ((t * p.num_heads + hg) * p.num_splits + split) * 512 + d0);
 #pragma unroll
           for (int j = 0; j < 4; ++j) {  // dims d0 + 4 j .. + 3: n-tiles 4 (j & 1) .., column 2 q4 + (j >> 1)
             const int e = 4 * (j & 1), c = 2 * half + (j >> 1);
-            d4[j] = make_float4(rO[mt][e][c] * inv, rO[mt][e + 1][c] * inv, rO[mt][e + 2][c] * inv,
-                                rO[mt][e + 3][c] * inv);
+            d2[j] = make_uint2(ptx::Bf16::pack(rO[mt][e][c] * inv, rO[mt][e + 1][c] * inv),
+                               ptx::Bf16::pack(rO[mt][e + 2][c] * inv, rO[mt][e + 3][c] * inv));
           }
           if (warp == 0 && q4 == 0)
             p.part_lse[(t * p.num_heads + hg) * p.num_splits + split] = l > 0.0f ? (m + log2f(l)) * kLn2 : -INFINITY;

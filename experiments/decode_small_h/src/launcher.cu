@@ -203,7 +203,7 @@ void decode_small_h_launch_diag(const SparseMlaParams& p, void* workspace, size_
   kp.lse_base2 = p.lse_mode == LseMode::kBase2;
   if (splits > 1) {  // carved as smla/workspace.h lays it out (need above is its total)
     const SparseMlaWorkspace layout = sparse_mla_workspace(p.num_tokens, p.num_heads, splits);
-    kp.part_out = reinterpret_cast<float*>(static_cast<uint8_t*>(workspace) + layout.part_out.offset);
+    kp.part_out = reinterpret_cast<uint16_t*>(static_cast<uint8_t*>(workspace) + layout.part_out.offset);
     kp.part_lse = reinterpret_cast<float*>(static_cast<uint8_t*>(workspace) + layout.part_lse.offset);
   }
 

@@ -45,7 +45,7 @@ struct DecodeParams {
 
   // Split-K scratch (num_splits > 1), the layout of cuda::sparse_mla's merge: partial outputs
   // normalized by their own sum [T, H, S, 512], natural-log LSE [T, H, S] (-inf for an empty split).
-  float* part_out;
+  uint16_t* part_out;  // bf16 (smla/workspace.h)
   float* part_lse;
 };
 

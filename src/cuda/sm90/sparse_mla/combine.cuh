@@ -18,7 +18,8 @@
 
 namespace smla::cuda::sm90::sparse_mla {
 
-// Split-K merge: one block of 128 threads per (token, head), 4 output dims per thread. The
+// Split-K merge: one block of 128 threads per (token, head), 4 output dims per thread; the partials
+// are bf16 (smla/workspace.h), converted exactly to fp32 and summed in fp32. The
 // weights follow smla::lse_merge (state.h), the one merge rule of the project, computed by warp 0
 // (a lane per split, max and sum over a shuffle tree: a fixed order, so the result is
 // deterministic; one thread's serial loop over 32 splits cost ~1 us at T = 1). Every split's partial is loaded before the
@@ -28,7 +29,7 @@ namespace smla::cuda::sm90::sparse_mla {
 // full occupancy, 32 (up to kMaxSplits) serves the few blocks of T = 1..4.
 template <typename Elem, int kMaxS>
 __global__ void __launch_bounds__(128) combine_kernel(const __grid_constant__ KernelParams p) {
-  static_assert(kMaxS <= kMaxSplits, "one float4 register set per split below");
+  static_assert(kMaxS <= kMaxSplits, "one uint2 (4 bf16) register pair per split below");
   static_assert(kMaxSplits <= 32, "one lane of warp 0 per split in the LSE merge");
   __shared__ float s_w[kMaxSplits], s_total;
   const int64_t th = blockIdx.x;  // t * H + h
@@ -46,11 +47,10 @@ __global__ void __launch_bounds__(128) combine_kernel(const __grid_constant__ Ke
   if (stamps != nullptr) stamps[phase::kMergeEntry] = ptx::globaltimer();
   ptx::pdl_wait();  // the partials of the attention grid (a no-op unless launched with PDL)
   if (stamps != nullptr) stamps[phase::kMergeWaited] = ptx::globaltimer();
-  const float* part = p.part_out + th * S * kLatent + d;
-  float4 v[kMaxS];
+  const uint16_t* part = p.part_out + th * S * kLatent + d;  // bf16 partials, 4 dims = 8 bytes per split
+  uint2 v[kMaxS];
 #pragma unroll
-  for (int s = 0; s < kMaxS; ++s)
-    v[s] = s < S ? *reinterpret_cast<const float4*>(part + s * kLatent) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  for (int s = 0; s < kMaxS; ++s) v[s] = s < S ? *reinterpret_cast<const uint2*>(part + s * kLatent) : make_uint2(0u, 0u);
   if (threadIdx.x < 32) {  // warp 0, lane i: split i (S <= 32); lse_merge's rule, summed as a tree
     const float l = threadIdx.x < S ? lse_sanitize(p.part_lse[th * S + threadIdx.x]) : -INFINITY;
     float m = l;
@@ -73,8 +73,9 @@ __global__ void __launch_bounds__(128) combine_kernel(const __grid_constant__ Ke
 #pragma unroll
   for (int s = 0; s < kMaxS; ++s) {
     if (s >= S) break;
-    const float w = s_w[s];
-    acc.x += w * v[s].x, acc.y += w * v[s].y, acc.z += w * v[s].z, acc.w += w * v[s].w;
+    const float w = s_w[s];  // bf16 -> fp32 is exact: the bits shifted to the top half
+    acc.x += w * __uint_as_float(v[s].x << 16), acc.y += w * __uint_as_float(v[s].x & 0xffff0000u);
+    acc.z += w * __uint_as_float(v[s].y << 16), acc.w += w * __uint_as_float(v[s].y & 0xffff0000u);
   }
   auto* out = static_cast<uint16_t*>(p.out) + t * p.out_stride_t + int64_t(h) * p.out_stride_h + d;
   const uint32_t v01 = Elem::pack(acc.x * scale, acc.y * scale), v23 = Elem::pack(acc.z * scale, acc.w * scale);

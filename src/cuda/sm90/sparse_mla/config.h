@@ -58,8 +58,9 @@ struct KernelParams {
   bool lse_base2;
 
   // Split-K scratch (num_splits > 1): partial outputs normalized by their own sum, and their
-  // natural-log LSE (-inf for an empty split).
-  float* part_out;  // [T, H, num_splits, 512] fp32
+  // natural-log LSE (-inf for an empty split). The partials are bf16 (smla/workspace.h: half the
+  // bytes of fp32; bf16 keeps V's range), the merge sums them in fp32.
+  uint16_t* part_out;  // [T, H, num_splits, 512] bf16 bits
   float* part_lse;  // [T, H, num_splits] fp32
 
 #if SMLA_PHASE_TIMER

@@ -128,7 +128,8 @@ __device__ __forceinline__ void store_o(const KernelParams& p, WsSmem<kQ8>& s, c
   for (int r = 0; r < 2; ++r) {
     const int row = wrow + g + 8 * r;
     const int h = w.head0 + row;
-    if (h >= p.num_heads) continue;
+    const bool valid = h < p.num_heads;  // uniform over a quad (one row); the split path shuffles within it
+    if (!valid && p.num_splits == 1) continue;
     const float l = s.l_part[0][row] + s.l_part[1][row];
     const float m = kWg == 0 ? m_run[r] : s.m_final[row];
     const float lse_e = l > 0.0f ? (m + log2f(l)) * kLn2 : -INFINITY;
@@ -151,13 +152,33 @@ __device__ __forceinline__ void store_o(const KernelParams& p, WsSmem<kQ8>& s, c
       if (p.lse != nullptr && kWg == 0 && tq == 0)
         p.lse[w.t * p.lse_stride_t + h] = p.lse_base2 ? lse_e * kLog2e : lse_e;
     } else {
-      const int64_t part = (w.t * p.num_heads + h) * p.num_splits + w.split;
+      // bf16 partial O / l (smla/workspace.h). Lane tq of a quad holds dims d0 + 8j + {0, 1};
+      // a 4x4 transpose of packed pairs within the quad (two xor rounds) gives lane tq the 8
+      // contiguous dims of j = 4k + tq: one 16-byte store per 4 j, 64 contiguous bytes per row
+      // and quad (full sectors; 4-byte stores would write half sectors).
+      const int64_t part = (w.t * p.num_heads + (valid ? h : 0)) * p.num_splits + w.split;
       const float inv = l > 0.0f ? p.out_scale / l : 0.0f;
-      float* po = p.part_out + part * kLatent + d0;
+      uint16_t* po = p.part_out + part * kLatent + kWg * 256;
 #pragma unroll
-      for (int j = 0; j < 32; ++j)
-        *reinterpret_cast<float2*>(po + j * 8) = make_float2(acc_o[4 * j + 2 * r] * inv, acc_o[4 * j + 2 * r + 1] * inv);
-      if (kWg == 0 && tq == 0) p.part_lse[part] = lse_e;
+      for (int k = 0; k < 8; ++k) {
+        uint32_t a[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          a[i] = ptx::Bf16::pack(acc_o[4 * (4 * k + i) + 2 * r] * inv, acc_o[4 * (4 * k + i) + 2 * r + 1] * inv);
+#pragma unroll
+        for (int b = 1; b <= 2; b <<= 1) {  // a[i] <-> the partner's a[i ^ b] where lane and index bits differ
+          const bool hi = (tq & b) != 0;
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            if (i & b) continue;
+            const uint32_t send = hi ? a[i] : a[i + b];
+            const uint32_t recv = __shfl_xor_sync(0xffffffffu, send, b);
+            if (hi) a[i] = recv; else a[i + b] = recv;
+          }
+        }
+        if (valid) *reinterpret_cast<uint4*>(po + (4 * k + tq) * 8) = make_uint4(a[0], a[1], a[2], a[3]);
+      }
+      if (valid && kWg == 0 && tq == 0) p.part_lse[part] = lse_e;
     }
   }
   if (kWg == 0 && fr.wt == 0) ws_stamp(p, phase::kStored);
