@@ -5,13 +5,16 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <random>
 
 #include "smla/cuda.h"
 
 namespace smla::test {
 
+// A fresh seed per test (printed by the tests' traces); SMLA_TEST_SEED=<n> replays a failing one.
 inline uint64_t fresh_seed() {
+  if (const char* e = std::getenv("SMLA_TEST_SEED"); e != nullptr && *e != '\0') return std::strtoull(e, nullptr, 10);
   std::random_device rd;
   return (uint64_t(rd()) << 32) ^ rd();
 }

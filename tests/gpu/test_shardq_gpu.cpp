@@ -150,6 +150,7 @@ struct StepRun {
   void poison() const {
     EXPECT_EQ(cudaMemset(out.p, 0xff, size_t(std::max<int64_t>(c.T, 1)) * c.H * 512 * 2), cudaSuccess);
     EXPECT_EQ(cudaMemset(lse.p, 0xff, size_t(std::max<int64_t>(c.T, 1)) * c.H * 4), cudaSuccess);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // a nonblocking stream does not wait for the legacy one
   }
   std::vector<uint16_t> out_bits() const { return out.get<uint16_t>(size_t(c.T) * c.H * 512); }
   std::vector<float> lse_values() const { return lse.get<float>(size_t(c.T) * c.H); }
