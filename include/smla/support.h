@@ -66,11 +66,17 @@ struct CudaVariant {
   size_t (*workspace)(int64_t num_tokens, int num_heads, int num_splits);  // bytes (split-K scratch)
 };
 
+Support supports_sm90_swapab(const Geometry& g, const DeviceInfo& dev);
 Support supports_sm90_ws(const Geometry& g, const DeviceInfo& dev);
 Support supports_sm90_ws_q8(const Geometry& g, const DeviceInfo& dev);
 
 // In the order they are tried; the first whose supports() is OK runs.
 inline constexpr CudaVariant kCudaVariants[] = {
+    {"swapab", ScorePrecision::kBF16,
+     "small-H kernel for fp8_ds_mla with a bf16 q (H <= 32): the rows are the wgmma M dimension (H padded to 16 "
+     "or 32, not 64), raw rows in a ring of bulk copies, e4m3 converted exactly in registers, tile scales in fp32 "
+     "(S) and folded into bf16 P (P V); fp32 sums (DESIGN.md §8: LSE within 1e-3). SMLA_SM90_SWAPAB=0 turns it off",
+     supports_sm90_swapab, split_workspace_bytes},
     {"h64.ws", ScorePrecision::kBF16,
      "warp-specialized wgmma kernel, 64-head groups (heads past H zero-padded); quantized rows dequantized to "
      "bf16 in shared memory, an e4m3 q widened to bf16 exactly; fp32 sums (DESIGN.md §8: LSE within 1e-3)",
@@ -83,12 +89,17 @@ inline constexpr CudaVariant kCudaVariants[] = {
 };
 inline std::span<const CudaVariant> cuda_variants() { return kCudaVariants; }
 
+// Whether the swapab variant may run (the environment switch SMLA_SM90_SWAPAB, read once per
+// process: 0 turns it off, for same-binary A/B runs; anything else or unset: on).
+bool swapab_enabled();
+
 // The variant that runs g on dev: the first that supports it; nullptr when none does
 // (support_cuda says why).
 const CudaVariant* cuda_variant_for(const Geometry& g, const DeviceInfo& dev);
 // The variant is chosen by g's resolved score precision (resolve_score_precision).
 // The CUDA backend on `dev`, given whether this build contains the CUDA kernels: OK when a
-// variant runs g, else the reason of the variant of g's resolved score precision.
+// variant runs g, else the reason of the general variant of g's resolved score precision (the
+// last in the table with that precision: specialized variants come first).
 Support support_cuda(const Geometry& g, const DeviceInfo& dev, bool built_with_cuda);
 // An SM90 device with nothing else known (what `smla info` asks about without a GPU).
 DeviceInfo any_sm90_device();

@@ -1,5 +1,6 @@
 #include "smla/support.h"
 
+#include <cstdlib>
 #include <string>
 
 #include "smla/formats.h"
@@ -75,6 +76,25 @@ Support sm90_common(const Geometry& g, const DeviceInfo& dev) {
 
 }  // namespace
 
+bool swapab_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("SMLA_SM90_SWAPAB");
+    return e == nullptr || std::string(e) != "0";
+  }();
+  return on;
+}
+
+Support supports_sm90_swapab(const Geometry& g, const DeviceInfo& dev) {
+  if (auto s = sm90_common(g, dev); !s.ok()) return s;
+  if (!swapab_enabled()) return {"swapab is turned off by SMLA_SM90_SWAPAB=0; unset it to use it"};
+  if (g.format != KvFormat::kFP8DsMla) return {"swapab reads fp8_ds_mla rows only; use h64.ws for the other formats"};
+  if (g.q_dtype != DType::kBF16) return {"swapab takes a bf16 q; use h64.ws for an e4m3 q"};
+  if (resolve_score_precision(g) != ScorePrecision::kBF16)
+    return {"swapab computes the scores in bf16, not fp8; use score precision bf16 or auto"};
+  if (g.num_heads > 32) return {"swapab runs H <= 32; use h64.ws for larger H"};
+  return {};
+}
+
 Support supports_sm90_ws(const Geometry& g, const DeviceInfo& dev) {
   if (auto s = sm90_common(g, dev); !s.ok()) return s;
   if (resolve_score_precision(g) != ScorePrecision::kBF16) return {"h64.ws computes the scores in bf16, not fp8"};
@@ -98,8 +118,10 @@ Support support_cuda(const Geometry& g, const DeviceInfo& dev, bool built_with_c
   if (!built_with_cuda) return {"this build of smla has no CUDA backend (nvcc was not found); use the CPU backend"};
   if (cuda_variant_for(g, dev) != nullptr) return {};
   const ScorePrecision sp = resolve_score_precision(g);
+  const CudaVariant* general = nullptr;  // the last variant of that precision: the general one
   for (const CudaVariant& v : cuda_variants())
-    if (v.score_precision == sp) return v.supports(g, dev);
+    if (v.score_precision == sp) general = &v;
+  if (general != nullptr) return general->supports(g, dev);
   return {"no CUDA kernel computes the scores in " + std::string(to_string(sp))};
 }
 

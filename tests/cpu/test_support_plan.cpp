@@ -181,6 +181,38 @@ TEST(Support, Fp8ScoresNeedAnE4m3QWithAnFp8Cache) {
 // resolve_score_precision: every format x q dtype x {auto, bf16, fp8}. An explicit choice stays as
 // it is (support_common refuses fp8 where it cannot run); auto is fp8 exactly for an e4m3 q with an
 // fp8_e4m3 / fp8_ds_mla cache (the two pairs listed by hand below).
+// The swap-AB small-H kernel runs fp8_ds_mla with a bf16 q at H <= 32 (SMLA_SM90_SWAPAB=0 turns it off,
+// read once per process); everything else, and the reasons of what nothing runs, stay with the
+// 64-head kernels.
+TEST(Support, SwapAbTakesSmallHeadFp8DsMlaWithABf16Q) {
+  const auto h200 = device(9, 0, "NVIDIA H200");
+  const std::string small = smla::swapab_enabled() ? "swapab" : "h64.ws";
+  for (int H : {1, 8, 16, 17, 32, 33, 64, 128}) {
+    const smla::CudaVariant* v = smla::cuda_variant_for(geo(KvFormat::kFP8DsMla, DType::kBF16, H), h200);
+    ASSERT_NE(v, nullptr) << H;
+    EXPECT_EQ(std::string(v->name), H <= 32 ? small : "h64.ws") << H;
+    for (int rope : {64, 0}) {  // D = 512 too
+      v = smla::cuda_variant_for(geo(KvFormat::kFP8DsMla, DType::kBF16, H, rope, 77), h200);
+      ASSERT_NE(v, nullptr) << H;
+      EXPECT_EQ(std::string(v->name), H <= 32 ? small : "h64.ws") << H << " rope " << rope;
+    }
+    for (KvFormat f : {KvFormat::kBF16, KvFormat::kFP8E4M3, KvFormat::kNvFP4DsMla})
+      EXPECT_STREQ(smla::cuda_variant_for(geo(f, DType::kBF16, H), h200)->name, "h64.ws") << H;
+    EXPECT_STREQ(smla::cuda_variant_for(geo(KvFormat::kFP8DsMla, DType::kE4M3, H), h200)->name, "h64.ws.q8") << H;
+  }
+  // Nothing runs H = 129: the reason is the 64-head kernel's, not swapab's.
+  expect_reason(smla::support_cuda(geo(KvFormat::kFP8DsMla, DType::kBF16, 129), h200, true), "128 heads", "H = 129");
+  Geometry g = geo(KvFormat::kFP8DsMla, DType::kBF16, 16);
+  if (smla::swapab_enabled()) {  // (with SMLA_SM90_SWAPAB=0 every geometry gets the switch's reason)
+    expect_reason(smla::supports_sm90_swapab(geo(KvFormat::kBF16, DType::kBF16, 16), h200), "fp8_ds_mla", "bf16 rows");
+    expect_reason(smla::supports_sm90_swapab(geo(KvFormat::kFP8DsMla, DType::kE4M3, 16), h200), "bf16 q", "e4m3 q");
+    expect_reason(smla::supports_sm90_swapab(geo(KvFormat::kFP8DsMla, DType::kBF16, 33), h200), "H <= 32", "H = 33");
+  } else {
+    expect_reason(smla::supports_sm90_swapab(g, h200), "SMLA_SM90_SWAPAB", "switched off");
+  }
+  expect_reason(smla::supports_sm90_swapab(g, device(8, 0, "NVIDIA A100")), "SM90", "sm_80");
+}
+
 TEST(Support, ResolveScorePrecision) {
   using SP = smla::ScorePrecision;
   const auto h200 = device(9, 0, "NVIDIA H200");

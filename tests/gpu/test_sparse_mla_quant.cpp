@@ -330,6 +330,26 @@ std::vector<Case> cases() {
       s.num_rows = 1 << 16;
       add(f, "T65537_H2_K16", s);
     }
+    if (f == KvFormat::kFP8DsMla) {  // the swap-AB kernel's shapes (H <= 32: N = 16 or 32)
+      for (int H : {8, 17, 32}) add(f, "T3_H" + std::to_string(H) + "_K2048_split", base(f, 3, H, 2048));
+      add(f, "T1_H16_K2048_split", base(f, 1, 16, 2048));
+      add(f, "T1_H32_K2048_D512_split", [&] { auto s = base(f, 1, 32, 2048); s.rope_dim = 0; return s; }());
+      {
+        auto s = base(f, 5, 16, 500);
+        s.invalid_fraction = 0.6, s.num_rows = 50;  // many invalid (-1, negative, >= num_rows) and duplicates
+        add(f, "T5_H16_invalid_duplicates", s);
+      }
+      {
+        auto s = base(f, 300, 32, 256);  // no split, 4 tiles: both consumers, the ring wraps
+        s.use_counts = true, s.sink = true;
+        add(f, "T300_H32_K256_counts_sink_nosplit", s);
+      }
+      {
+        auto s = base(f, 1000, 8, 1024);
+        s.lse_mode = LseMode::kBase2;
+        add(f, "T1000_H8_K1024_lse2", s);
+      }
+    }
     // Split top-k at the latency shapes (bf16 partials: perf-history s10-partials): 32 splits at T = 1,
     // 2 at T = 32 (H = 128).
     for (int T : {1, 32}) add(f, "T" + std::to_string(T) + "_H128_K2048_split", base(f, T, 128, 2048));

@@ -256,11 +256,14 @@ TEST(SparseMlaSm90Edge, SplitAndNoSplitAgree) {
   EXPECT_LE(lse_diff, 1e-3);
 }
 
-// Two identical runs (split and not split) are bit-identical.
+// Two identical runs (split and not split) are bit-identical (bf16 H = 64; fp8_ds_mla H = 16 and
+// 32: the swap-AB kernel).
 TEST(SparseMlaSm90Edge, Deterministic) {
   REQUIRE_GPU();
-  for (int64_t T : {int64_t(2), int64_t(300)}) {
-    auto s = base(T, 64, 1000);
+  for (int64_t T : {int64_t(2), int64_t(300)})
+  for (auto [f, H] : {std::pair{KvFormat::kBF16, 64}, std::pair{KvFormat::kFP8DsMla, 16}, std::pair{KvFormat::kFP8DsMla, 32}}) {
+    auto s = base(T, H, 1000);
+    s.format = f;
     s.sink = true;
     const uint64_t seed = fresh_seed();
     auto hp = smla::testing::make_problem(s, seed);
@@ -273,10 +276,15 @@ TEST(SparseMlaSm90Edge, Deterministic) {
   }
 }
 
-// A captured graph replays the direct launch bit for bit (no allocation or sync inside).
+// A captured graph replays the direct launch bit for bit (no allocation or sync inside): bf16, and
+// fp8_ds_mla on the swap-AB kernel (N = 16 and 32).
 TEST(SparseMlaSm90Edge, GraphCaptureReplays) {
   REQUIRE_GPU();
-  auto hp = smla::testing::make_problem(base(3, 32, 700), fresh_seed());
+  for (auto [f, H] : {std::pair{KvFormat::kBF16, 32}, std::pair{KvFormat::kFP8DsMla, 16}, std::pair{KvFormat::kFP8DsMla, 32}}) {
+  SCOPED_TRACE(std::string(smla::to_string(f)) + " H = " + std::to_string(H));
+  auto spec = base(3, H, 700);
+  spec.format = f;
+  auto hp = smla::testing::make_problem(spec, fresh_seed());
   auto p = hp.params;
   void *dq, *dkv, *didx, *dout, *dlse, *dws;
   const size_t qb = hp.q.size(), kvb = hp.kv.size(), ib = hp.idx.size() * 4, ob = hp.out.size(), lb = hp.lse.size() * 4;
@@ -313,6 +321,7 @@ TEST(SparseMlaSm90Edge, GraphCaptureReplays) {
   cudaGraphDestroy(graph);
   cudaStreamDestroy(st);
   for (void* ptr : {dq, dkv, didx, dout, dlse, dws}) cudaFree(ptr);
+  }
 }
 
 // Bad arguments are refused with an smla::Error before anything is launched (host pointers
@@ -371,14 +380,16 @@ TEST(SparseMlaSm90Routing, Variants) {
     const smla::CudaVariant* v = smla::cuda_variant_for(g, smla::any_sm90_device());
     return std::string(v != nullptr ? v->name : "none");
   };
-  for (int H : {1, 16, 20, 32, 64, 96, 128}) {
+  for (int H : {1, 16, 20, 32, 33, 64, 96, 128}) {
     EXPECT_EQ(variant(KvFormat::kBF16, H, DType::kBF16), "h64.ws") << H;
     EXPECT_EQ(variant(KvFormat::kFP16, H, DType::kFP16), "h64.ws") << H;
     EXPECT_EQ(variant(KvFormat::kFP8E4M3, H, DType::kBF16), "h64.ws") << H;
-    EXPECT_EQ(variant(KvFormat::kFP8DsMla, H, DType::kBF16), "h64.ws") << H;
+    // fp8_ds_mla with a bf16 q at H <= 32: the swap-AB kernel (unless SMLA_SM90_SWAPAB=0).
+    const std::string ds = H <= 32 && smla::swapab_enabled() ? "swapab" : "h64.ws";
+    EXPECT_EQ(variant(KvFormat::kFP8DsMla, H, DType::kBF16), ds) << H;
     EXPECT_EQ(variant(KvFormat::kNvFP4DsMla, H, DType::kBF16), "h64.ws") << H;
     // A 16-bit q: auto and an explicit bf16 are the same path.
-    EXPECT_EQ(variant(KvFormat::kFP8DsMla, H, DType::kBF16, smla::ScorePrecision::kBF16), "h64.ws") << H;
+    EXPECT_EQ(variant(KvFormat::kFP8DsMla, H, DType::kBF16, smla::ScorePrecision::kBF16), ds) << H;
     EXPECT_EQ(variant(KvFormat::kFP16, H, DType::kFP16, smla::ScorePrecision::kBF16), "h64.ws") << H;
   }
   const auto fp8 = smla::ScorePrecision::kFP8, bf16 = smla::ScorePrecision::kBF16;

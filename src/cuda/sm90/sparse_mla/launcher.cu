@@ -79,6 +79,12 @@ const CudaVariant& variant_for(const SparseMlaParams& p) {
 // ---- the launches of kCudaVariants, in its order.
 using LaunchFn = void (*)(const k::KernelParams& kp, KvFormat format, cudaStream_t s);
 
+void launch_swapab(const k::KernelParams& kp, KvFormat format, cudaStream_t s) {
+  if (format != KvFormat::kFP8DsMla || kp.num_heads > 32) fail("swapab reads fp8_ds_mla rows for H <= 32 only");  // unreachable: supports() refuses
+  if (kp.num_heads <= 16) k::launch_swapab<16>(kp, s);
+  else k::launch_swapab<32>(kp, s);
+}
+
 void launch_h64_ws(const k::KernelParams& kp, KvFormat format, cudaStream_t s) {
   switch (format) {
     case KvFormat::kFP8E4M3: return k::launch_ws<ptx::Bf16, KvFormat::kFP8E4M3>(kp, s);
@@ -95,9 +101,10 @@ void launch_h64_ws_q8(const k::KernelParams& kp, KvFormat format, cudaStream_t s
   else fail("h64.ws.q8 reads fp8 rows only");  // unreachable: its supports() refuses the others
 }
 
-constexpr LaunchFn kLaunch[] = {launch_h64_ws, launch_h64_ws_q8};
+constexpr LaunchFn kLaunch[] = {launch_swapab, launch_h64_ws, launch_h64_ws_q8};
 static_assert(std::size(kLaunch) == std::size(kCudaVariants), "one launch per variant of smla/support.h");
-static_assert(std::string_view(kCudaVariants[0].name) == "h64.ws" && std::string_view(kCudaVariants[1].name) == "h64.ws.q8",
+static_assert(std::string_view(kCudaVariants[0].name) == "swapab" && std::string_view(kCudaVariants[1].name) == "h64.ws" &&
+                  std::string_view(kCudaVariants[2].name) == "h64.ws.q8",
               "kLaunch follows kCudaVariants");
 
 }  // namespace

@@ -1,0 +1,657 @@
+// SM90 sparse MLA, the small-H "swap AB" kernel for fp8_ds_mla rows and a bf16 q (H <= 32): the
+// rows, not the heads, are the wgmma M dimension, so N = H padded to 16 or 32 and nothing is padded
+// to 64 heads (docs/perf-history.md#s11-swapab: the paper bound and the runs).
+//
+// One block per (token, top-k split), 3 warpgroups:
+//   warpgroup 2 (one warp): the producer. One cp.async.bulk per valid 656-byte row into a ring of
+//     kStages raw stages (row stride 672 bytes: the bank spread of the loads below), completion on
+//     the stage's "full" mbarrier (expect_tx of the valid rows' bytes), the stage's valid-row mask
+//     in shared memory. Invalid or out-of-range entries are never read: their slot keeps stale
+//     bytes, which the bit-move conversion turns into finite values and the softmax selects away.
+//   warpgroups 0 and 1: consumers of alternate tiles (tile i: consumer i % 2), each with its own O,
+//     max and sums, merged at the end through shared memory.
+// A consumer's tile (64 rows):
+//   S^T = K Q^T: wgmma m64nNk16, A = K from registers (raw e4m3 -> bf16 by bit moves: value * 2^-120,
+//     exact, subnormals included), B = Q^T in shared memory (bf16, each head times 2^e_h, a power of
+//     two that takes its largest |q| to [2^64, 2^65)). One chain of 8 k-steps per 128-dim tile j
+//     from 0, times the row's tile scale and added in fp32; the bf16 RoPE a chain of its own. The
+//     dims are permuted consistently in A and B: lane t (= lane % 4) owns dims [16 t, 16 t + 16)
+//     of each 64-dim chunk, so its fragment of a row comes from one 16-byte load per chunk.
+//   softmax over the tile's rows per head (columns): shuffles within a warp, a 4-warp exchange.
+//   O^T = V^T P^T: wgmma m64nNk16, M = latent dims (8 m64 tiles, m-tile mt inside 128-dim tile mt / 2),
+//     A = V^T from registers (the same bit moves, two rows per register by prmt), B = P^T times the
+//     rows' tile scale of j (and 2^56) in bf16, one 64 x N matrix per tile j in shared memory.
+// Rows are permuted in the tile (sigma) for conflict-free shared loads; S^T's row m and P^T's
+// k index m both mean slot sigma(m).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "cuda/common/ptx.cuh"
+#include "cuda/sm90/sparse_mla/config.h"
+#include "cuda/sm90/sparse_mla/launcher.h"
+#include "cuda/sm90/sparse_mla/ws_common.cuh"
+#include "smla/types.h"
+
+namespace smla::cuda::sm90::sparse_mla {
+
+template <int kN>
+struct SwabConfig {
+  static_assert(kN == 16 || kN == 32, "N of the swap-AB wgmma: 16 or 32 heads");
+  static constexpr int kThreads = 3 * 128;
+  static constexpr int kConsumerRegs = kN == 16 ? 232 : 240;  // N = 32: O alone is 128 registers
+  static constexpr int kProducerRegs = kN == 16 ? 40 : 24;
+  static constexpr int kStages = kN == 16 ? 4 : 3;  // raw 64-row stages in the ring
+  static constexpr int kRowStride = 672;            // bytes between rows of a stage (656 + 16: bank spread)
+  static constexpr int kRowBytes = 656;             // an fp8_ds_mla row
+  static constexpr int kStageBytes = kBlockK * kRowStride;
+  static constexpr int kOperandBytes = kN * 128;  // one (kN heads x 64 k) bf16 swizzled B operand
+  static constexpr bool kDoubleA = kN == 16;      // two A register sets (next chain converted while one runs)
+  struct SharedStorage {
+    alignas(1024) uint8_t q[9][kOperandBytes];     // Q^T: chunk c (dims 64c.., 8 = RoPE) of kN heads, permuted
+    alignas(1024) uint8_t p[2][4][kOperandBytes];  // [consumer][latent tile j] P^T * scale_j * 2^56
+    alignas(128) uint8_t kv[kStages][kStageBytes];  // raw rows; at the end consumer 1's O for the merge
+    uint64_t valid[kStages];                        // bit i: slot i of the stage holds a row
+    float qfac[kN];                                 // scale_log2 * 2^(120 - e_h)
+    float red_m[2][2][4][kN];                       // [consumer][tile parity][warp][head] partial max
+    float red_l[2][4][kN];                          // [consumer][warp][head] final partial sums
+    float fin_m[kN];                                // consumer 1's final max
+    uint64_t full[kStages];
+    uint64_t empty[kStages];
+  };
+  static constexpr size_t kSmemBytes = sizeof(SharedStorage);
+  static_assert(kSmemBytes <= kSmemLimit, "swap-AB kernel: shared memory over 227 KiB");
+  static_assert(kStages * kStageBytes >= 512 * kN * 4, "consumer 1's O must fit the stages for the merge");
+  static_assert((kConsumerRegs - 168) * 2 <= 168 - kProducerRegs, "consumer registers exceed what the producer releases");
+};
+
+namespace swab {
+
+// ---- PTX of this kernel only.
+__device__ __forceinline__ void bulk_g2s(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
+}
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, const uint32_t (&r)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r[0]),
+               "r"(r[1]), "r"(r[2]), "r"(r[3])
+               : "memory");
+}
+__device__ __forceinline__ uint32_t lds32(uint32_t addr) {
+  uint32_t v;
+  asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ void lds128(uint32_t (&v)[4], uint32_t addr) {
+  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3]) : "r"(addr));
+}
+__device__ __forceinline__ float4 lds128f(uint32_t addr) {
+  float4 v;
+  asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ void sts16(uint32_t addr, uint16_t v) {
+  asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(addr), "h"(v) : "memory");
+}
+
+// Two e4m3 bytes picked by kSel as (byte, its sign replicated) per 16-bit half -> bf16x2 of the
+// e4m3 values times 2^-120 (exact for every code, subnormals included; never NaN or inf).
+template <uint32_t kSel>
+__device__ __forceinline__ uint32_t e4m3x2_bits(uint32_t a, uint32_t b) {
+  uint32_t r;
+  asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(r) : "r"(a), "r"(b), "n"(kSel));
+  return (r << 4) & 0x87f087f0u;
+}
+// prmt selectors: bytes 0, 1 of a (kLo) or 2, 3 (kHi); byte k of a then byte k of b (kPair<k>).
+inline constexpr uint32_t kSelLo = 0x9180u, kSelHi = 0xB3A2u;
+template <int k>
+inline constexpr uint32_t kPair = uint32_t(k) | uint32_t(8 | k) << 4 | uint32_t(4 + k) << 8 | uint32_t(8 | (4 + k)) << 12;
+
+// D(64 x kN, fp32) (+)= A(64 x 16 bf16, registers) B(16 x kN, K-major smem).
+template <int kN>
+__device__ __forceinline__ void wgmma_rs(float (&d)[kN / 2], const uint32_t (&a)[4], uint64_t desc_b, int scale_d);
+template <>
+__device__ __forceinline__ void wgmma_rs<16>(float (&d)[8], const uint32_t (&a)[4], uint64_t desc_b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, "
+      "p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
+}
+template <>
+__device__ __forceinline__ void wgmma_rs<32>(float (&d)[16], const uint32_t (&a)[4], uint64_t desc_b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, "
+      "%13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
+}
+
+template <int N>
+__device__ __forceinline__ void fence_a(uint32_t (&a)[N][4]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) ptx::fence_operands(a[i]);
+}
+
+// Slot (row of the stage) of logical row m of a tile: m = 16 s + 8 hi + 2 tt + e ->
+// 16 s + 4 (e + 2 hi) + (tt + 2 e) % 4. The two rows a lane loads for S (m, m + 1 at the same
+// lane % 4) are 2 mod 4 slots apart (16 banks at a 168-word stride), the four rows of one P V load
+// (tt = 0..3) four consecutive slots (8 banks apart).
+__device__ __forceinline__ int slot_of(int m) {
+  const int e = m & 1, tt = (m >> 1) & 3, hi = (m >> 3) & 1;
+  return (m & ~15) + 4 * (e + 2 * hi) + ((tt + 2 * e) & 3);
+}
+// Physical dim (0..63 inside a 64-dim chunk) of logical k position kl of the chunk: k-step s =
+// kl / 16, column col = kl % 16 of the A fragment; lane t = (col % 8) / 2 owns dims [16 t, 16 t + 16).
+__host__ __device__ constexpr int dim_of(int kl) {
+  const int s = kl >> 4, col = kl & 15;
+  return 16 * ((col & 7) >> 1) + 4 * s + (col & 1) + 2 * (col >> 3);
+}
+__device__ __forceinline__ float pow2(int e) { return __int_as_float((127 + e) << 23); }  // e in [-126, 127]
+
+}  // namespace swab
+
+// ---- the producer: one warp, one bulk copy per valid row.
+template <int kN>
+__device__ __forceinline__ void swab_produce(const KernelParams& p, typename SwabConfig<kN>::SharedStorage& s,
+                                             const WsBlock& w, int lane) {
+  using Cfg = SwabConfig<kN>;
+  const uint32_t row_bytes = uint32_t(p.raw_chunks) * 16u;
+  int rows[2];
+  auto fetch = [&](int tile) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int e = w.begin + tile * kBlockK + lane + 32 * i;
+      rows[i] = (tile < w.num_tiles && e < w.end) ? __ldg(w.idx_row + e) : -1;
+    }
+  };
+  fetch(0);
+  for (int tile = 0; tile < w.num_tiles; ++tile) {
+    const int st = tile % Cfg::kStages;
+    const uint32_t parity = ((tile / Cfg::kStages) & 1) ^ 1;
+    bool ok[2];
+    int64_t off[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      ok[i] = rows[i] >= 0 && rows[i] < p.num_rows;
+      off[i] = ok[i] ? int64_t(rows[i]) * p.kv_row_stride_bytes : 0;
+    }
+    fetch(tile + 1);  // the next tile's ids load while this one's copies go out
+    const uint32_t b0 = __ballot_sync(0xffffffffu, ok[0]), b1 = __ballot_sync(0xffffffffu, ok[1]);
+    ptx::mbar_wait(ws_bar(s.empty[st]), parity);
+    const uint32_t full = ws_bar(s.full[st]);
+    if (lane == 0) {
+      s.valid[st] = uint64_t(b0) | uint64_t(b1) << 32;
+      swab::mbar_arrive_expect_tx(full, uint32_t(__popc(b0) + __popc(b1)) * row_bytes);
+    }
+    __syncwarp();
+    const uint32_t base = ptx::smem_addr(s.kv[st]);
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+      if (ok[i]) swab::bulk_g2s(base + uint32_t((lane + 32 * i) * Cfg::kRowStride), p.kv + off[i], row_bytes, full);
+  }
+}
+
+// ---- Q^T into shared memory (both consumers, 256 threads): head h's 576 dims times 2^e_h in the
+// permuted order, bf16, the 128-byte swizzle of a K-major operand (rows = heads); heads past H and
+// (D = 512) the RoPE chunk zero. qfac[h] = scale_log2 * 2^(120 - e_h).
+template <int kN>
+__device__ __forceinline__ void swab_load_q(const KernelParams& p, typename SwabConfig<kN>::SharedStorage& s,
+                                            const WsBlock& w, int tid) {
+  const int warp = tid >> 5, lane = tid & 31;
+  const int dims = p.k_steps * 16;  // 576 or 512
+  for (int h = warp; h < kN; h += 8) {
+    const bool head = h < p.num_heads;
+    const uint16_t* ql = static_cast<const uint16_t*>(p.q) + w.t * p.q_stride_t + int64_t(h) * p.q_stride_h;
+    const uint16_t* qr = p.q_rope != nullptr
+                             ? static_cast<const uint16_t*>(p.q_rope) + w.t * p.q_rope_stride_t + int64_t(h) * p.q_rope_stride_h
+                             : ql + kLatent;
+    auto qv = [&](int d) -> float {  // q[h][d] as float (0 past D or H)
+      if (!head || d >= dims) return 0.0f;
+      const uint16_t b = d < kLatent ? ql[d] : qr[d - kLatent];
+      return __uint_as_float(uint32_t(b) << 16);
+    };
+    float amax = 0.0f;
+    for (int d = lane; d < kMaxDim; d += 32) amax = fmaxf(amax, fabsf(qv(d)));
+#pragma unroll
+    for (int o = 16; o >= 1; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    int e = 0;
+    if (amax > 0.0f && amax < INFINITY) e = min(max(64 - ilogbf(amax), -7), 126);
+    const float mul = swab::pow2(e);
+    if (lane == 0) s.qfac[h] = p.scale_log2 * swab::pow2(120 - e);
+    const uint32_t row = ptx::smem_addr(s.q) + uint32_t(h * 128);
+    for (int i = lane; i < 9 * 64; i += 32) {
+      const int c = i >> 6, kl = i & 63;
+      const float v = qv(64 * c + swab::dim_of(kl)) * mul;
+      const uint32_t bits = ptx::Bf16::pack(v, 0.0f) & 0xffffu;
+      swab::sts16(row + uint32_t(c * SwabConfig<kN>::kOperandBytes + (((kl >> 3) ^ (h & 7)) << 4) + (kl & 7) * 2),
+                  uint16_t(bits));
+    }
+  }
+}
+
+// ---- a consumer warpgroup: tiles c, c + 2, ...; its O^T (latent dims x kN heads) in registers.
+template <int kN>
+struct SwabConsumer {
+  using Cfg = SwabConfig<kN>;
+  using Smem = typename Cfg::SharedStorage;
+  static constexpr int kNH = kN / 2;  // accumulator registers of an m64nN product
+  static constexpr int kNB = kN / 8;  // n8 blocks (heads 8i .. 8i + 7)
+
+  // S^T of the tile in stage `kv`: x[r][i][e] for rows m = 16 w + g + 8 r, heads 8 i + 2 t + e:
+  // sum_j scale_j(row) * chain_j + 2^-120 * rope chain (= 2^(e_h - 120) * q.k).
+  __device__ __forceinline__ static void scores(uint32_t kv, uint32_t q_base, int slot0, int slot1, int t, bool rope,
+                                                float (&x)[kNH]) {
+    const uint32_t r0 = kv + uint32_t(slot0 * Cfg::kRowStride), r1 = kv + uint32_t(slot1 * Cfg::kRowStride);
+    const uint64_t qd = ptx::sw128_desc(q_base, 16, 1024);
+    constexpr uint32_t kChunk = uint32_t(Cfg::kOperandBytes >> 4);
+#pragma unroll
+    for (int i = 0; i < kNH; ++i) x[i] = 0.0f;
+    // A of 128-dim tile j: 8 k-steps, 4 registers each.
+    auto convert = [&](int j, uint32_t(&a)[8][4]) {
+#pragma unroll
+      for (int cc = 0; cc < 2; ++cc) {
+        uint32_t u0[4], u1[4];
+        const uint32_t off = uint32_t((2 * j + cc) * 64 + 16 * t);
+        swab::lds128(u0, r0 + off);
+        swab::lds128(u1, r1 + off);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          a[4 * cc + k][0] = swab::e4m3x2_bits<swab::kSelLo>(u0[k], u0[k]);
+          a[4 * cc + k][1] = swab::e4m3x2_bits<swab::kSelLo>(u1[k], u1[k]);
+          a[4 * cc + k][2] = swab::e4m3x2_bits<swab::kSelHi>(u0[k], u0[k]);
+          a[4 * cc + k][3] = swab::e4m3x2_bits<swab::kSelHi>(u1[k], u1[k]);
+        }
+      }
+    };
+    auto issue = [&](int j, uint32_t(&a)[8][4], float(&acc)[kNH]) {
+      ptx::wgmma_fence();
+#pragma unroll
+      for (int k = 0; k < 8; ++k)
+        swab::wgmma_rs<kN>(acc, a[k], qd + (2 * j + (k >> 2)) * kChunk + uint32_t(2 * (k & 3)), k == 0 ? 0 : 1);
+      ptx::wgmma_commit();
+    };
+    auto add = [&](int j, float(&acc)[kNH]) {  // times the rows' scale of tile j
+      const float scl[2] = {__uint_as_float(swab::lds32(r0 + 512 + 4 * j)), __uint_as_float(swab::lds32(r1 + 512 + 4 * j))};
+#pragma unroll
+      for (int i = 0; i < kNH; ++i) x[i] = fmaf(acc[i], scl[(i >> 1) & 1], x[i]);
+    };
+    float acc[2][kNH];
+    if constexpr (Cfg::kDoubleA) {
+      uint32_t a[2][8][4];
+      convert(0, a[0]);
+      issue(0, a[0], acc[0]);
+#pragma unroll
+      for (int j = 1; j < 4; ++j) {
+        convert(j, a[j & 1]);
+        issue(j, a[j & 1], acc[j & 1]);
+        ptx::wgmma_wait<1>();
+        ptx::fence_operands(acc[(j - 1) & 1]);
+        swab::fence_a(a[(j - 1) & 1]);
+        add(j - 1, acc[(j - 1) & 1]);
+      }
+      ptx::wgmma_wait<0>();
+      ptx::fence_operands(acc[1]);
+      swab::fence_a(a[1]);
+      add(3, acc[1]);
+    } else {
+      uint32_t a[8][4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        convert(j, a);
+        issue(j, a, acc[0]);
+        ptx::wgmma_wait<0>();
+        ptx::fence_operands(acc[0]);
+        swab::fence_a(a);
+        add(j, acc[0]);
+      }
+    }
+    if (rope) {  // bf16 RoPE at bytes 528..655: lane t's dims [16 t, 16 t + 16), 2 per word
+      uint32_t v0[8], v1[8], a[4][4];
+      swab::lds128(*reinterpret_cast<uint32_t(*)[4]>(&v0[0]), r0 + 528 + 32 * t);
+      swab::lds128(*reinterpret_cast<uint32_t(*)[4]>(&v0[4]), r0 + 544 + 32 * t);
+      swab::lds128(*reinterpret_cast<uint32_t(*)[4]>(&v1[0]), r1 + 528 + 32 * t);
+      swab::lds128(*reinterpret_cast<uint32_t(*)[4]>(&v1[4]), r1 + 544 + 32 * t);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) a[k][0] = v0[2 * k], a[k][1] = v1[2 * k], a[k][2] = v0[2 * k + 1], a[k][3] = v1[2 * k + 1];
+      ptx::wgmma_fence();
+#pragma unroll
+      for (int k = 0; k < 4; ++k) swab::wgmma_rs<kN>(acc[0], a[k], qd + 8 * kChunk + uint32_t(2 * k), k == 0 ? 0 : 1);
+      ptx::wgmma_commit();
+      ptx::wgmma_wait<0>();
+      ptx::fence_operands(acc[0]);
+      swab::fence_a(a);
+      constexpr float k2m120 = 7.52316384526264e-37f;  // 2^-120
+#pragma unroll
+      for (int i = 0; i < kNH; ++i) x[i] = fmaf(acc[0][i], k2m120, x[i]);
+    }
+  }
+
+  // O^T += V^T P^T for the tile in stage `kv`: lane (w, g, t) holds dims 128 j + 4 (8 w + g) + 2 h + r
+  // (m-tile mt = 2 j + h, fragment row g + 8 r) and reads 4 bytes of each of its 16 rows per tile j.
+  // Arrives on `empty` once its last load is done (A lives in registers).
+  __device__ __forceinline__ static void pv(uint32_t kv, uint32_t p_base, int w, int g, int t, uint32_t empty,
+                                            float (&o)[8][kNH]) {
+    const uint32_t col = uint32_t(4 * (8 * w + g));
+    constexpr uint32_t kOp = uint32_t(Cfg::kOperandBytes >> 4);
+    const uint64_t pd = ptx::sw128_desc(p_base, 16, 1024);
+    auto convert = [&](int ks, uint32_t(&a)[8][4]) {
+      uint32_t wd[4][4];  // [k column 2t, 2t+1, 2t+8, 2t+9][tile j]
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int m = 16 * ks + 2 * t + (c & 1) + 8 * (c >> 1);
+        const uint32_t row = kv + uint32_t(swab::slot_of(m) * Cfg::kRowStride) + col;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) wd[c][j] = swab::lds32(row + uint32_t(128 * j));
+      }
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        // m-tile 2j (bytes 0, 1: fragment rows g, g + 8) and 2j + 1 (bytes 2, 3)
+        a[2 * j][0] = swab::e4m3x2_bits<swab::kPair<0>>(wd[0][j], wd[1][j]);
+        a[2 * j][1] = swab::e4m3x2_bits<swab::kPair<1>>(wd[0][j], wd[1][j]);
+        a[2 * j][2] = swab::e4m3x2_bits<swab::kPair<0>>(wd[2][j], wd[3][j]);
+        a[2 * j][3] = swab::e4m3x2_bits<swab::kPair<1>>(wd[2][j], wd[3][j]);
+        a[2 * j + 1][0] = swab::e4m3x2_bits<swab::kPair<2>>(wd[0][j], wd[1][j]);
+        a[2 * j + 1][1] = swab::e4m3x2_bits<swab::kPair<3>>(wd[0][j], wd[1][j]);
+        a[2 * j + 1][2] = swab::e4m3x2_bits<swab::kPair<2>>(wd[2][j], wd[3][j]);
+        a[2 * j + 1][3] = swab::e4m3x2_bits<swab::kPair<3>>(wd[2][j], wd[3][j]);
+      }
+    };
+    auto issue = [&](int ks, uint32_t(&a)[8][4]) {
+      ptx::wgmma_fence();
+#pragma unroll
+      for (int mt = 0; mt < 8; ++mt) swab::wgmma_rs<kN>(o[mt], a[mt], pd + (mt >> 1) * kOp + uint32_t(2 * ks), 1);
+      ptx::wgmma_commit();
+    };
+    if constexpr (Cfg::kDoubleA) {
+      uint32_t a[2][8][4];
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks) {
+        if (ks >= 2) {
+          ptx::wgmma_wait<1>();
+          swab::fence_a(a[ks & 1]);
+        }
+        convert(ks, a[ks & 1]);
+        if (ks == 3) ptx::mbar_arrive(empty);
+        issue(ks, a[ks & 1]);
+      }
+      ptx::wgmma_wait<0>();
+      swab::fence_a(a[0]);
+      swab::fence_a(a[1]);
+    } else {
+      uint32_t a[8][4];
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks) {
+        convert(ks, a);
+        if (ks == 3) ptx::mbar_arrive(empty);
+        issue(ks, a);
+        ptx::wgmma_wait<0>();
+        swab::fence_a(a);
+      }
+    }
+#pragma unroll
+    for (int mt = 0; mt < 8; ++mt) ptx::fence_operands(o[mt]);
+  }
+
+  // The tile loop of consumer c (thread wt of its warpgroup), then the merge with the other
+  // consumer and the stores (consumer 0).
+  __device__ __forceinline__ static void run(const KernelParams& p, Smem& s, const WsBlock& w, int c, int wt) {
+    const int warp = wt >> 5, lane = wt & 31, g = lane >> 2, t = lane & 3;
+    const uint32_t bar_wg = 2u + uint32_t(c);  // named barrier of this warpgroup (ids 2, 3)
+    const bool rope = p.k_steps > kLatent / 16;
+    const int m0 = 16 * warp + g, m1 = m0 + 8;  // this lane's S^T rows (logical)
+    const int slot0 = swab::slot_of(m0), slot1 = swab::slot_of(m1);
+    float qf[kNB][2];
+#pragma unroll
+    for (int i = 0; i < kNB; ++i) qf[i][0] = s.qfac[8 * i + 2 * t], qf[i][1] = s.qfac[8 * i + 2 * t + 1];
+    float o[8][kNH];
+#pragma unroll
+    for (int mt = 0; mt < 8; ++mt)
+#pragma unroll
+      for (int i = 0; i < kNH; ++i) o[mt][i] = 0.0f;
+    float m_run[kNB][2], l_run[kNB][2];
+#pragma unroll
+    for (int i = 0; i < kNB; ++i) m_run[i][0] = m_run[i][1] = -INFINITY, l_run[i][0] = l_run[i][1] = 0.0f;
+    constexpr float k2p56 = 72057594037927936.0f;
+    const uint32_t q_base = ptx::smem_addr(s.q);
+    int iter = 0;
+    for (int tile = c; tile < w.num_tiles; tile += 2, ++iter) {
+      const int st = tile % Cfg::kStages;
+      ptx::mbar_wait(ws_bar(s.full[st]), uint32_t((tile / Cfg::kStages) & 1));
+      const uint32_t kv = ptx::smem_addr(s.kv[st]);
+      const uint64_t vmask = s.valid[st];
+      const bool v0 = (vmask >> slot0) & 1, v1 = (vmask >> slot1) & 1;
+      float x[kNH];
+      scores(kv, q_base, slot0, slot1, t, rope, x);
+      // x[4 i + 2 r + e]: row m_r, head 8 i + 2 t + e. Scores in the log2 domain, masked rows -inf.
+      float mx[kNB][2];
+#pragma unroll
+      for (int i = 0; i < kNB; ++i)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float s0 = v0 ? x[4 * i + e] * qf[i][e] : -INFINITY;
+          const float s1 = v1 ? x[4 * i + 2 + e] * qf[i][e] : -INFINITY;
+          x[4 * i + e] = s0, x[4 * i + 2 + e] = s1;
+          float m = fmaxf(s0, s1);
+          m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 4));
+          m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 8));
+          m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 16));
+          mx[i][e] = m;
+        }
+      const int par = iter & 1;
+      if (g == 0) {
+#pragma unroll
+        for (int i = 0; i < kNB; ++i)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) s.red_m[c][par][warp][8 * i + 2 * t + e] = mx[i][e];
+      }
+      ptx::named_sync(bar_wg, 128);
+      float f[kNB][2];
+      bool any_f = false;
+#pragma unroll
+      for (int i = 0; i < kNB; ++i)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int h = 8 * i + 2 * t + e;
+          float m = fmaxf(fmaxf(s.red_m[c][par][0][h], s.red_m[c][par][1][h]),
+                          fmaxf(s.red_m[c][par][2][h], s.red_m[c][par][3][h]));
+          m = fmaxf(m, m_run[i][e]);
+          f[i][e] = m == m_run[i][e] ? 1.0f : ws::rescale(m_run[i][e], m);
+          any_f |= f[i][e] != 1.0f;
+          m_run[i][e] = m;
+          const float nref = -ws::ref_of(m);
+          const float p0 = ptx::fast_exp2(x[4 * i + e] + nref), p1 = ptx::fast_exp2(x[4 * i + 2 + e] + nref);
+          x[4 * i + e] = p0, x[4 * i + 2 + e] = p1;
+          l_run[i][e] = l_run[i][e] * f[i][e] + p0 + p1;
+        }
+      if (__any_sync(0xffffffffu, any_f)) {
+#pragma unroll
+        for (int mt = 0; mt < 8; ++mt)
+#pragma unroll
+          for (int i = 0; i < kNH; ++i) o[mt][i] *= f[i >> 2][i & 1];
+      }
+      // P^T * scale_j * 2^56 (0 for masked rows: their stale scale is never multiplied) as the
+      // K-major B operand of tile j: stmatrix.trans of the (8 rows x 8 heads) blocks.
+      {
+        const float4 sc0 = swab::lds128f(kv + uint32_t(slot0 * Cfg::kRowStride) + 512);
+        const float4 sc1 = swab::lds128f(kv + uint32_t(slot1 * Cfg::kRowStride) + 512);
+        const float s0[4] = {sc0.x, sc0.y, sc0.z, sc0.w}, s1[4] = {sc1.x, sc1.y, sc1.z, sc1.w};
+        // lane l addresses row (head) 8 ib + l % 8 of matrix l / 8 = (ib, r); that matrix's 8 k are
+        // rows 16 warp + 8 r + 0..7: chunk 2 warp + r of the head's 128 bytes.
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const float f0 = v0 ? s0[j] * k2p56 : 0.0f, f1 = v1 ? s1[j] * k2p56 : 0.0f;
+          const uint32_t pb = ptx::smem_addr(s.p[c][j]);
+#pragma unroll
+          for (int q4 = 0; q4 < kNB / 2; ++q4) {  // matrices (ib, r) for ib = 2 q4, 2 q4 + 1
+            uint32_t r4[4];
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+              const int ib = 2 * q4 + (k >> 1), r = k & 1;
+              const float fr = r ? f1 : f0;
+              r4[k] = ptx::Bf16::pack(x[4 * ib + 2 * r] * fr, x[4 * ib + 2 * r + 1] * fr);
+            }
+            const int mi = lane >> 3, ib = 2 * q4 + (mi >> 1), r = mi & 1;
+            const int h = 8 * ib + (lane & 7);
+            swab::stmatrix_x4_trans(pb + uint32_t(h * 128 + (((2 * warp + r) ^ (h & 7)) << 4)), r4);
+          }
+        }
+      }
+      ptx::fence_proxy_async_smem();
+      ptx::named_sync(bar_wg, 128);
+      pv(kv, ptx::smem_addr(s.p[c][0]), warp, g, t, ws_bar(s.empty[st]), o);
+    }
+
+    // ---- merge the two consumers, then out / LSE (or the split's partials) from consumer 0.
+    // Row sums: lanes of one t hold heads 8 i + 2 t + e over rows g: sum over g, then the warps.
+#pragma unroll
+    for (int i = 0; i < kNB; ++i)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float l = l_run[i][e];
+        l += __shfl_xor_sync(0xffffffffu, l, 4);
+        l += __shfl_xor_sync(0xffffffffu, l, 8);
+        l += __shfl_xor_sync(0xffffffffu, l, 16);
+        l_run[i][e] = l;
+        if (g == 0) s.red_l[c][warp][8 * i + 2 * t + e] = l;
+        if (c == 1 && warp == 0 && g == 0) s.fin_m[8 * i + 2 * t + e] = m_run[i][e];
+      }
+    // Consumer 1's O^T to the (now idle: every tile's rows have landed and been read) stages.
+    bar_sync(Bar::kConsumers, kConsumerThreads);
+    float* ob = reinterpret_cast<float*>(s.kv);
+    if (c == 1) {
+#pragma unroll
+      for (int mt = 0; mt < 8; ++mt)
+#pragma unroll
+        for (int i = 0; i < kNH; ++i) ob[(mt * kNH + i) * 128 + wt] = o[mt][i];
+    }
+    bar_sync(Bar::kConsumers, kConsumerThreads);
+    if (c == 1) return;
+    float lse[kNB][2];
+    bool hv[kNB][2];
+#pragma unroll
+    for (int i = 0; i < kNB; ++i)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int h = 8 * i + 2 * t + e;
+        hv[i][e] = h < p.num_heads;
+        const float ma = m_run[i][e], mb = s.fin_m[h];
+        const float la = s.red_l[0][0][h] + s.red_l[0][1][h] + s.red_l[0][2][h] + s.red_l[0][3][h];
+        const float lb = s.red_l[1][0][h] + s.red_l[1][1][h] + s.red_l[1][2][h] + s.red_l[1][3][h];
+        const float m = fmaxf(ma, mb);
+        const float fa = ws::rescale(ma, m), fb = ws::rescale(mb, m);
+        const float l = la * fa + lb * fb;
+        float denom = l;
+        if (p.num_splits == 1 && p.sink != nullptr && l > 0.0f && hv[i][e]) denom += exp2f(p.sink[h] * kLog2e - m);
+        // O = 2^64 * accumulator (P carried 2^56, V 2^-120)
+        const float sc = l > 0.0f ? p.out_scale * 18446744073709551616.0f / denom : 0.0f;
+#pragma unroll
+        for (int mt = 0; mt < 8; ++mt)
+#pragma unroll
+          for (int k = 0; k < 2; ++k) {
+            const int idx = 4 * i + 2 * k + e;
+            o[mt][idx] = (o[mt][idx] * fa + ob[(mt * kNH + idx) * 128 + wt] * fb) * sc;
+          }
+        lse[i][e] = l > 0.0f ? (m + log2f(l)) * kLn2 : -INFINITY;
+      }
+    // Lane (w, g, t): dims 128 j + 4 (8 w + g) + {0, 1, 2, 3} of head 8 i + 2 t + e =
+    // o[2j][4i + e], o[2j][4i + 2 + e], o[2j + 1][4i + e], o[2j + 1][4i + 2 + e].
+    const int dcol = 4 * (8 * warp + g);
+#pragma unroll
+    for (int i = 0; i < kNB; ++i)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        if (!hv[i][e]) continue;
+        const int h = 8 * i + 2 * t + e;
+        if (p.num_splits == 1) {
+          auto* out = static_cast<uint16_t*>(p.out) + w.t * p.out_stride_t + int64_t(h) * p.out_stride_h;
+          const bool vec = (reinterpret_cast<uintptr_t>(out) & 7) == 0;
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const uint32_t lo = ptx::Bf16::pack(o[2 * j][4 * i + e], o[2 * j][4 * i + 2 + e]);
+            const uint32_t hi = ptx::Bf16::pack(o[2 * j + 1][4 * i + e], o[2 * j + 1][4 * i + 2 + e]);
+            uint16_t* d = out + 128 * j + dcol;
+            if (vec) {
+              *reinterpret_cast<uint2*>(d) = make_uint2(lo, hi);
+            } else {
+              d[0] = uint16_t(lo & 0xffffu), d[1] = uint16_t(lo >> 16), d[2] = uint16_t(hi & 0xffffu), d[3] = uint16_t(hi >> 16);
+            }
+          }
+          if (p.lse != nullptr && warp == 0 && g == 0)
+            p.lse[w.t * p.lse_stride_t + h] = p.lse_base2 ? lse[i][e] * kLog2e : lse[i][e];
+        } else {
+          const int64_t part = (w.t * p.num_heads + h) * p.num_splits + w.split;
+          uint16_t* po = p.part_out + part * kLatent;
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const uint32_t lo = ptx::Bf16::pack(o[2 * j][4 * i + e], o[2 * j][4 * i + 2 + e]);
+            const uint32_t hi = ptx::Bf16::pack(o[2 * j + 1][4 * i + e], o[2 * j + 1][4 * i + 2 + e]);
+            *reinterpret_cast<uint2*>(po + 128 * j + dcol) = make_uint2(lo, hi);
+          }
+          if (warp == 0 && g == 0) p.part_lse[part] = lse[i][e];
+        }
+      }
+  }
+};
+
+template <int kN>
+__global__ void __launch_bounds__(SwabConfig<kN>::kThreads, 1) sparse_mla_swapab_kernel(const __grid_constant__ KernelParams p) {
+  using Cfg = SwabConfig<kN>;
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  auto& s = *reinterpret_cast<typename Cfg::SharedStorage*>(smem_raw);
+  const WsBlock w = block_work(p);
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < Cfg::kStages; ++i) {
+      ptx::mbar_init(ws_bar(s.full[i]), 1);     // the producer's arrive.expect_tx (+ the copies' bytes)
+      ptx::mbar_init(ws_bar(s.empty[i]), 128);  // the consuming warpgroup, once per tile
+    }
+    ptx::fence_mbar_init();
+  }
+  __syncthreads();
+  ptx::pdl_launch_dependents();  // the split merge (a PDL launch) may start its blocks now
+  const int wg = threadIdx.x / 128, wt = threadIdx.x % 128;
+  if (wg == 2) {
+    ptx::setmaxnreg_dec<Cfg::kProducerRegs>();
+    if (wt < 32) swab_produce<kN>(p, s, w, wt);
+    return;
+  }
+  ptx::setmaxnreg_inc<Cfg::kConsumerRegs>();
+  swab_load_q<kN>(p, s, w, threadIdx.x);
+  ptx::fence_proxy_async_smem();
+  bar_sync(Bar::kConsumers, kConsumerThreads);
+  SwabConsumer<kN>::run(p, s, w, wg, wt);
+}
+
+template <int kN>
+void launch_swapab(const KernelParams& p, cudaStream_t stream) {
+  using Cfg = SwabConfig<kN>;
+  auto* kernel = sparse_mla_swapab_kernel<kN>;
+  static std::atomic<uint64_t> attribute_set{0};
+  int dev = 0;
+  SMLA_CHECK(cudaGetDevice(&dev) == cudaSuccess, "cudaGetDevice failed");
+  const uint64_t bit = uint64_t(1) << (dev & 63);
+  if (!(attribute_set.load(std::memory_order_acquire) & bit)) {
+    const cudaError_t ea =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Cfg::kSmemBytes));
+    SMLA_CHECK(ea == cudaSuccess, std::string("cannot raise the swap-AB kernel's shared memory to ") +
+                                      std::to_string(Cfg::kSmemBytes) + " bytes: " + cudaGetErrorString(ea));
+    attribute_set.fetch_or(bit, std::memory_order_release);
+  }
+  const dim3 grid(unsigned(p.num_tokens * p.head_groups), 1, unsigned(p.num_splits));
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
+}
+
+}  // namespace smla::cuda::sm90::sparse_mla
