@@ -30,6 +30,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
 #include "cuda/common/ptx.cuh"
@@ -165,7 +166,7 @@ __device__ __forceinline__ float pow2(int e) { return __int_as_float((127 + e) <
 }  // namespace swab
 
 // ---- the producer: one warp, one bulk copy per valid row.
-template <int kN>
+template <int kN, int kDiag>
 __device__ __forceinline__ void swab_produce(const KernelParams& p, typename SwabConfig<kN>::SharedStorage& s,
                                              const WsBlock& w, int lane) {
   using Cfg = SwabConfig<kN>;
@@ -195,13 +196,13 @@ __device__ __forceinline__ void swab_produce(const KernelParams& p, typename Swa
     const uint32_t full = ws_bar(s.full[st]);
     if (lane == 0) {
       s.valid[st] = uint64_t(b0) | uint64_t(b1) << 32;
-      swab::mbar_arrive_expect_tx(full, uint32_t(__popc(b0) + __popc(b1)) * row_bytes);
+      swab::mbar_arrive_expect_tx(full, kDiag == 2 ? 0u : uint32_t(__popc(b0) + __popc(b1)) * row_bytes);
     }
     __syncwarp();
     const uint32_t base = ptx::smem_addr(s.kv[st]);
 #pragma unroll
     for (int i = 0; i < 2; ++i)
-      if (ok[i]) swab::bulk_g2s(base + uint32_t((lane + 32 * i) * Cfg::kRowStride), p.kv + off[i], row_bytes, full);
+      if (ok[i] && kDiag != 2) swab::bulk_g2s(base + uint32_t((lane + 32 * i) * Cfg::kRowStride), p.kv + off[i], row_bytes, full);
   }
 }
 
@@ -244,7 +245,7 @@ __device__ __forceinline__ void swab_load_q(const KernelParams& p, typename Swab
 }
 
 // ---- a consumer warpgroup: tiles c, c + 2, ...; its O^T (latent dims x kN heads) in registers.
-template <int kN>
+template <int kN, int kDiag>
 struct SwabConsumer {
   using Cfg = SwabConfig<kN>;
   using Smem = typename Cfg::SharedStorage;
@@ -434,6 +435,10 @@ struct SwabConsumer {
       const uint32_t kv = ptx::smem_addr(s.kv[st]);
       const uint64_t vmask = s.valid[st];
       const bool v0 = (vmask >> slot0) & 1, v1 = (vmask >> slot1) & 1;
+      if constexpr (kDiag == 1) {  // timing only: the rows' ring without any compute
+        ptx::mbar_arrive(ws_bar(s.empty[st]));
+        continue;
+      }
       float x[kNH];
       scores(kv, q_base, slot0, slot1, t, rope, x);
       // x[4 i + 2 r + e]: row m_r, head 8 i + 2 t + e. Scores in the log2 domain, masked rows -inf.
@@ -607,7 +612,9 @@ struct SwabConsumer {
   }
 };
 
-template <int kN>
+// kDiag (timing only, wrong results; `SMLA_SM90_SWAPAB_DIAG`): 1 the rows' ring alone (consumers
+// release each stage at once), 2 the compute alone (the producer copies nothing).
+template <int kN, int kDiag>
 __global__ void __launch_bounds__(SwabConfig<kN>::kThreads, 1) sparse_mla_swapab_kernel(const __grid_constant__ KernelParams p) {
   using Cfg = SwabConfig<kN>;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -625,20 +632,20 @@ __global__ void __launch_bounds__(SwabConfig<kN>::kThreads, 1) sparse_mla_swapab
   const int wg = threadIdx.x / 128, wt = threadIdx.x % 128;
   if (wg == 2) {
     ptx::setmaxnreg_dec<Cfg::kProducerRegs>();
-    if (wt < 32) swab_produce<kN>(p, s, w, wt);
+    if (wt < 32) swab_produce<kN, kDiag>(p, s, w, wt);
     return;
   }
   ptx::setmaxnreg_inc<Cfg::kConsumerRegs>();
   swab_load_q<kN>(p, s, w, threadIdx.x);
   ptx::fence_proxy_async_smem();
   bar_sync(Bar::kConsumers, kConsumerThreads);
-  SwabConsumer<kN>::run(p, s, w, wg, wt);
+  SwabConsumer<kN, kDiag>::run(p, s, w, wg, wt);
 }
 
-template <int kN>
-void launch_swapab(const KernelParams& p, cudaStream_t stream) {
+template <int kN, int kDiag>
+void launch_swapab_diag(const KernelParams& p, cudaStream_t stream) {
   using Cfg = SwabConfig<kN>;
-  auto* kernel = sparse_mla_swapab_kernel<kN>;
+  auto* kernel = sparse_mla_swapab_kernel<kN, kDiag>;
   static std::atomic<uint64_t> attribute_set{0};
   int dev = 0;
   SMLA_CHECK(cudaGetDevice(&dev) == cudaSuccess, "cudaGetDevice failed");
@@ -652,6 +659,26 @@ void launch_swapab(const KernelParams& p, cudaStream_t stream) {
   }
   const dim3 grid(unsigned(p.num_tokens * p.head_groups), 1, unsigned(p.num_splits));
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
+}
+
+// SMLA_SM90_SWAPAB_DIAG=rows|compute (read once): the timing-only modes of kDiag, for `smla bench`
+// (their results are wrong; docs/perf-history.md#s11-swapab). Unset: the kernel.
+inline int swapab_diag_mode() {
+  static const int mode = [] {
+    const char* e = std::getenv("SMLA_SM90_SWAPAB_DIAG");
+    const std::string v = e != nullptr ? e : "";
+    return v == "rows" ? 1 : v == "compute" ? 2 : 0;
+  }();
+  return mode;
+}
+
+template <int kN>
+void launch_swapab(const KernelParams& p, cudaStream_t stream) {
+  switch (swapab_diag_mode()) {
+    case 1: return launch_swapab_diag<kN, 1>(p, stream);
+    case 2: return launch_swapab_diag<kN, 2>(p, stream);
+    default: return launch_swapab_diag<kN, 0>(p, stream);
+  }
 }
 
 }  // namespace smla::cuda::sm90::sparse_mla
