@@ -118,11 +118,11 @@ inline constexpr uint32_t kSelLo = 0x9180u, kSelHi = 0xB3A2u;
 template <int k>
 inline constexpr uint32_t kPair = uint32_t(k) | uint32_t(8 | k) << 4 | uint32_t(4 + k) << 8 | uint32_t(8 | (4 + k)) << 12;
 
-// D(64 x kN, fp32) (+)= A(64 x 16 bf16, registers) B(16 x kN, K-major smem).
-template <int kN>
+// D(64 x kN, fp32) (+)= A(64 x 16, registers) B(16 x kN, K-major smem), bf16 (kF16 = false) or f16.
+template <int kN, bool kF16 = false>
 __device__ __forceinline__ void wgmma_rs(float (&d)[kN / 2], const uint32_t (&a)[4], uint64_t desc_b, int scale_d);
 template <>
-__device__ __forceinline__ void wgmma_rs<16>(float (&d)[8], const uint32_t (&a)[4], uint64_t desc_b, int scale_d) {
+__device__ __forceinline__ void wgmma_rs<16, false>(float (&d)[8], const uint32_t (&a)[4], uint64_t desc_b, int scale_d) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, "
@@ -131,7 +131,16 @@ __device__ __forceinline__ void wgmma_rs<16>(float (&d)[8], const uint32_t (&a)[
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
 }
 template <>
-__device__ __forceinline__ void wgmma_rs<32>(float (&d)[16], const uint32_t (&a)[4], uint64_t desc_b, int scale_d) {
+__device__ __forceinline__ void wgmma_rs<16, true>(float (&d)[8], const uint32_t (&a)[4], uint64_t desc_b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, "
+      "p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
+}
+template <>
+__device__ __forceinline__ void wgmma_rs<32, false>(float (&d)[16], const uint32_t (&a)[4], uint64_t desc_b, int scale_d) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, "
@@ -139,6 +148,24 @@ __device__ __forceinline__ void wgmma_rs<32>(float (&d)[16], const uint32_t (&a)
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
         "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
+}
+template <>
+__device__ __forceinline__ void wgmma_rs<32, true>(float (&d)[16], const uint32_t (&a)[4], uint64_t desc_b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, "
+      "%13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
+}
+// Bytes 0, 1 (kHi = false) or 2, 3 of w, two e4m3 values, as an f16x2 (exact; the e4m3 NaN code gives NaN).
+template <bool kHi>
+__device__ __forceinline__ uint32_t e4m3x2_f16x2(uint32_t w) {
+  uint32_t r;
+  const uint16_t h = kHi ? uint16_t(w >> 16) : uint16_t(w & 0xffffu);
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(r) : "h"(h));
+  return r;
 }
 
 template <int N>
@@ -209,7 +236,7 @@ __device__ __forceinline__ void swab_produce(const KernelParams& p, typename Swa
 // ---- Q^T into shared memory (both consumers, 256 threads): head h's 576 dims times 2^e_h in the
 // permuted order, bf16, the 128-byte swizzle of a K-major operand (rows = heads); heads past H and
 // (D = 512) the RoPE chunk zero. qfac[h] = scale_log2 * 2^(120 - e_h).
-template <int kN>
+template <int kN, bool kF16K>
 __device__ __forceinline__ void swab_load_q(const KernelParams& p, typename SwabConfig<kN>::SharedStorage& s,
                                             const WsBlock& w, int tid) {
   const int warp = tid >> 5, lane = tid & 31;
@@ -229,15 +256,17 @@ __device__ __forceinline__ void swab_load_q(const KernelParams& p, typename Swab
     for (int d = lane; d < kMaxDim; d += 32) amax = fmaxf(amax, fabsf(qv(d)));
 #pragma unroll
     for (int o = 16; o >= 1; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    // bit moves: |q| up to [2^64, 2^65) against K = value * 2^-120; f16 K: [2^14, 2^15) (f16's top binade)
     int e = 0;
-    if (amax > 0.0f && amax < INFINITY) e = min(max(64 - ilogbf(amax), -7), 126);
+    if (amax > 0.0f && amax < INFINITY)
+      e = kF16K ? min(max(14 - ilogbf(amax), -112), 126) : min(max(64 - ilogbf(amax), -7), 126);
     const float mul = swab::pow2(e);
-    if (lane == 0) s.qfac[h] = p.scale_log2 * swab::pow2(120 - e);
+    if (lane == 0) s.qfac[h] = p.scale_log2 * swab::pow2(kF16K ? -e : 120 - e);
     const uint32_t row = ptx::smem_addr(s.q) + uint32_t(h * 128);
     for (int i = lane; i < 9 * 64; i += 32) {
       const int c = i >> 6, kl = i & 63;
       const float v = qv(64 * c + swab::dim_of(kl)) * mul;
-      const uint32_t bits = ptx::Bf16::pack(v, 0.0f) & 0xffffu;
+      const uint32_t bits = (kF16K && c < 8 ? ptx::Fp16::pack(v, 0.0f) : ptx::Bf16::pack(v, 0.0f)) & 0xffffu;
       swab::sts16(row + uint32_t(c * SwabConfig<kN>::kOperandBytes + (((kl >> 3) ^ (h & 7)) << 4) + (kl & 7) * 2),
                   uint16_t(bits));
     }
@@ -245,7 +274,7 @@ __device__ __forceinline__ void swab_load_q(const KernelParams& p, typename Swab
 }
 
 // ---- a consumer warpgroup: tiles c, c + 2, ...; its O^T (latent dims x kN heads) in registers.
-template <int kN, int kDiag>
+template <int kN, int kDiag, bool kF16K>
 struct SwabConsumer {
   using Cfg = SwabConfig<kN>;
   using Smem = typename Cfg::SharedStorage;
@@ -271,10 +300,17 @@ struct SwabConsumer {
         swab::lds128(u1, r1 + off);
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
-          a[4 * cc + k][0] = swab::e4m3x2_bits<swab::kSelLo>(u0[k], u0[k]);
-          a[4 * cc + k][1] = swab::e4m3x2_bits<swab::kSelLo>(u1[k], u1[k]);
-          a[4 * cc + k][2] = swab::e4m3x2_bits<swab::kSelHi>(u0[k], u0[k]);
-          a[4 * cc + k][3] = swab::e4m3x2_bits<swab::kSelHi>(u1[k], u1[k]);
+          if constexpr (kF16K) {
+            a[4 * cc + k][0] = swab::e4m3x2_f16x2<false>(u0[k]);
+            a[4 * cc + k][1] = swab::e4m3x2_f16x2<false>(u1[k]);
+            a[4 * cc + k][2] = swab::e4m3x2_f16x2<true>(u0[k]);
+            a[4 * cc + k][3] = swab::e4m3x2_f16x2<true>(u1[k]);
+          } else {
+            a[4 * cc + k][0] = swab::e4m3x2_bits<swab::kSelLo>(u0[k], u0[k]);
+            a[4 * cc + k][1] = swab::e4m3x2_bits<swab::kSelLo>(u1[k], u1[k]);
+            a[4 * cc + k][2] = swab::e4m3x2_bits<swab::kSelHi>(u0[k], u0[k]);
+            a[4 * cc + k][3] = swab::e4m3x2_bits<swab::kSelHi>(u1[k], u1[k]);
+          }
         }
       }
     };
@@ -282,7 +318,7 @@ struct SwabConsumer {
       ptx::wgmma_fence();
 #pragma unroll
       for (int k = 0; k < 8; ++k)
-        swab::wgmma_rs<kN>(acc, a[k], qd + (2 * j + (k >> 2)) * kChunk + uint32_t(2 * (k & 3)), k == 0 ? 0 : 1);
+        swab::wgmma_rs<kN, kF16K>(acc, a[k], qd + (2 * j + (k >> 2)) * kChunk + uint32_t(2 * (k & 3)), k == 0 ? 0 : 1);
       ptx::wgmma_commit();
     };
     auto add = [&](int j, float(&acc)[kNH]) {  // times the rows' scale of tile j
@@ -335,9 +371,10 @@ struct SwabConsumer {
       ptx::wgmma_wait<0>();
       ptx::fence_operands(acc[0]);
       swab::fence_a(a);
-      constexpr float k2m120 = 7.52316384526264e-37f;  // 2^-120
+      // the latent chains are in units of 2^(e_h - 120) (bit moves) or 2^e_h (f16 K), the RoPE's 2^e_h
+      constexpr float kRope = kF16K ? 1.0f : 7.52316384526264e-37f;  // 2^-120
 #pragma unroll
-      for (int i = 0; i < kNH; ++i) x[i] = fmaf(acc[0][i], k2m120, x[i]);
+      for (int i = 0; i < kNH; ++i) x[i] = fmaf(acc[0][i], kRope, x[i]);
     }
   }
 
@@ -614,7 +651,7 @@ struct SwabConsumer {
 
 // kDiag (timing only, wrong results; `SMLA_SM90_SWAPAB_DIAG`): 1 the rows' ring alone (consumers
 // release each stage at once), 2 the compute alone (the producer copies nothing).
-template <int kN, int kDiag>
+template <int kN, int kDiag, bool kF16K>
 __global__ void __launch_bounds__(SwabConfig<kN>::kThreads, 1) sparse_mla_swapab_kernel(const __grid_constant__ KernelParams p) {
   using Cfg = SwabConfig<kN>;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -636,16 +673,16 @@ __global__ void __launch_bounds__(SwabConfig<kN>::kThreads, 1) sparse_mla_swapab
     return;
   }
   ptx::setmaxnreg_inc<Cfg::kConsumerRegs>();
-  swab_load_q<kN>(p, s, w, threadIdx.x);
+  swab_load_q<kN, kF16K>(p, s, w, threadIdx.x);
   ptx::fence_proxy_async_smem();
   bar_sync(Bar::kConsumers, kConsumerThreads);
-  SwabConsumer<kN, kDiag>::run(p, s, w, wg, wt);
+  SwabConsumer<kN, kDiag, kF16K>::run(p, s, w, wg, wt);
 }
 
-template <int kN, int kDiag>
-void launch_swapab_diag(const KernelParams& p, cudaStream_t stream) {
+template <int kN, int kDiag, bool kF16K>
+void launch_swapab_mode(const KernelParams& p, cudaStream_t stream) {
   using Cfg = SwabConfig<kN>;
-  auto* kernel = sparse_mla_swapab_kernel<kN, kDiag>;
+  auto* kernel = sparse_mla_swapab_kernel<kN, kDiag, kF16K>;
   static std::atomic<uint64_t> attribute_set{0};
   int dev = 0;
   SMLA_CHECK(cudaGetDevice(&dev) == cudaSuccess, "cudaGetDevice failed");
@@ -661,8 +698,11 @@ void launch_swapab_diag(const KernelParams& p, cudaStream_t stream) {
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
 }
 
-// SMLA_SM90_SWAPAB_DIAG=rows|compute (read once): the timing-only modes of kDiag, for `smla bench`
-// (their results are wrong; docs/perf-history.md#s11-swapab). Unset: the kernel.
+// Environment switches, read once (docs/perf-history.md#s11-swapab):
+// SMLA_SM90_SWAPAB_DIAG=rows|compute: the timing-only modes of kDiag, for `smla bench` (wrong results);
+// SMLA_SM90_SWAPAB_K=f16 (N = 16 only): K converted by cvt.rn.f16x2.e4m3x2 against an f16 q (q times a
+// per-head power of two into f16's top binade; q elements below 2^-38 of the head's largest |q| flush to 0,
+// below 2^-28 lose bits), instead of the bit moves. V always uses the bit moves (P stays bf16).
 inline int swapab_diag_mode() {
   static const int mode = [] {
     const char* e = std::getenv("SMLA_SM90_SWAPAB_DIAG");
@@ -671,14 +711,28 @@ inline int swapab_diag_mode() {
   }();
   return mode;
 }
+inline bool swapab_f16k() {
+  static const bool on = [] {
+    const char* e = std::getenv("SMLA_SM90_SWAPAB_K");
+    return e != nullptr && std::string(e) == "f16";
+  }();
+  return on;
+}
 
+template <int kN, bool kF16K>
+void launch_swapab_k(const KernelParams& p, cudaStream_t stream) {
+  switch (swapab_diag_mode()) {
+    case 1: return launch_swapab_mode<kN, 1, kF16K>(p, stream);
+    case 2: return launch_swapab_mode<kN, 2, kF16K>(p, stream);
+    default: return launch_swapab_mode<kN, 0, kF16K>(p, stream);
+  }
+}
 template <int kN>
 void launch_swapab(const KernelParams& p, cudaStream_t stream) {
-  switch (swapab_diag_mode()) {
-    case 1: return launch_swapab_diag<kN, 1>(p, stream);
-    case 2: return launch_swapab_diag<kN, 2>(p, stream);
-    default: return launch_swapab_diag<kN, 0>(p, stream);
+  if constexpr (kN == 16) {  // (N = 32 with f16 K spills 8 bytes: bit moves only)
+    if (swapab_f16k()) return launch_swapab_k<kN, true>(p, stream);
   }
+  launch_swapab_k<kN, false>(p, stream);
 }
 
 }  // namespace smla::cuda::sm90::sparse_mla
