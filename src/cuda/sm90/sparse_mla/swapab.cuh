@@ -62,6 +62,8 @@ struct SwabConfig {
     float red_m[2][2][4][kN];                       // [consumer][tile parity][warp][head] partial max
     float red_l[2][4][kN];                          // [consumer][warp][head] final partial sums
     float fin_m[kN];                                // consumer 1's final max
+    float red_sc[2][2][4][4];                       // f16 V: [consumer][parity][warp][j] largest row scale
+    int fin_k[4];                                   // f16 V: consumer 1's P exponent per latent tile j
     uint64_t full[kStages];
     uint64_t empty[kStages];
   };
@@ -274,8 +276,9 @@ __device__ __forceinline__ void swab_load_q(const KernelParams& p, typename Swab
 }
 
 // ---- a consumer warpgroup: tiles c, c + 2, ...; its O^T (latent dims x kN heads) in registers.
-template <int kN, int kDiag, bool kF16K>
+template <int kN, int kDiag, int kCvt>
 struct SwabConsumer {
+  static constexpr bool kF16K = kCvt >= 1, kF16V = kCvt == 2;  // f16 K (and V) by cvt, else bit moves
   using Cfg = SwabConfig<kN>;
   using Smem = typename Cfg::SharedStorage;
   static constexpr int kNH = kN / 2;  // accumulator registers of an m64nN product
@@ -381,8 +384,10 @@ struct SwabConsumer {
   // O^T += V^T P^T for the tile in stage `kv`: lane (w, g, t) holds dims 128 j + 4 (8 w + g) + 2 h + r
   // (m-tile mt = 2 j + h, fragment row g + 8 r) and reads 4 bytes of each of its 16 rows per tile j.
   // Arrives on `empty` once its last load is done (A lives in registers).
+  // f16 V: the words of masked rows are zeroed (their stale bytes may hold the e4m3 NaN code, and NaN
+  // times P's 0 is NaN; the bit moves never make NaN).
   __device__ __forceinline__ static void pv(uint32_t kv, uint32_t p_base, int w, int g, int t, uint32_t empty,
-                                            float (&o)[8][kNH]) {
+                                            uint64_t vmask, float (&o)[8][kNH]) {
     const uint32_t col = uint32_t(4 * (8 * w + g));
     constexpr uint32_t kOp = uint32_t(Cfg::kOperandBytes >> 4);
     const uint64_t pd = ptx::sw128_desc(p_base, 16, 1024);
@@ -391,27 +396,44 @@ struct SwabConsumer {
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
         const int m = 16 * ks + 2 * t + (c & 1) + 8 * (c >> 1);
-        const uint32_t row = kv + uint32_t(swab::slot_of(m) * Cfg::kRowStride) + col;
+        const int slot = swab::slot_of(m);
+        const uint32_t row = kv + uint32_t(slot * Cfg::kRowStride) + col;
 #pragma unroll
         for (int j = 0; j < 4; ++j) wd[c][j] = swab::lds32(row + uint32_t(128 * j));
+        if constexpr (kF16V) {
+          if (!((vmask >> slot) & 1)) wd[c][0] = wd[c][1] = wd[c][2] = wd[c][3] = 0u;
+        }
       }
+      // m-tile 2j: bytes 0, 1 of the words (fragment rows g, g + 8); m-tile 2j + 1: bytes 2, 3
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        // m-tile 2j (bytes 0, 1: fragment rows g, g + 8) and 2j + 1 (bytes 2, 3)
-        a[2 * j][0] = swab::e4m3x2_bits<swab::kPair<0>>(wd[0][j], wd[1][j]);
-        a[2 * j][1] = swab::e4m3x2_bits<swab::kPair<1>>(wd[0][j], wd[1][j]);
-        a[2 * j][2] = swab::e4m3x2_bits<swab::kPair<0>>(wd[2][j], wd[3][j]);
-        a[2 * j][3] = swab::e4m3x2_bits<swab::kPair<1>>(wd[2][j], wd[3][j]);
-        a[2 * j + 1][0] = swab::e4m3x2_bits<swab::kPair<2>>(wd[0][j], wd[1][j]);
-        a[2 * j + 1][1] = swab::e4m3x2_bits<swab::kPair<3>>(wd[0][j], wd[1][j]);
-        a[2 * j + 1][2] = swab::e4m3x2_bits<swab::kPair<2>>(wd[2][j], wd[3][j]);
-        a[2 * j + 1][3] = swab::e4m3x2_bits<swab::kPair<3>>(wd[2][j], wd[3][j]);
+        if constexpr (kF16V) {
+#pragma unroll
+          for (int hc = 0; hc < 2; ++hc) {  // k columns 2t, 2t+1 (registers 0, 1) | 2t+8, 2t+9 (2, 3)
+            uint32_t b01, b23;  // bytes (row c, row c + 1) of dims +0, +1 | +2, +3
+            asm("prmt.b32 %0, %1, %2, 0x5140;\n" : "=r"(b01) : "r"(wd[2 * hc][j]), "r"(wd[2 * hc + 1][j]));
+            asm("prmt.b32 %0, %1, %2, 0x7362;\n" : "=r"(b23) : "r"(wd[2 * hc][j]), "r"(wd[2 * hc + 1][j]));
+            a[2 * j][2 * hc] = swab::e4m3x2_f16x2<false>(b01);
+            a[2 * j][2 * hc + 1] = swab::e4m3x2_f16x2<true>(b01);
+            a[2 * j + 1][2 * hc] = swab::e4m3x2_f16x2<false>(b23);
+            a[2 * j + 1][2 * hc + 1] = swab::e4m3x2_f16x2<true>(b23);
+          }
+        } else {
+          a[2 * j][0] = swab::e4m3x2_bits<swab::kPair<0>>(wd[0][j], wd[1][j]);
+          a[2 * j][1] = swab::e4m3x2_bits<swab::kPair<1>>(wd[0][j], wd[1][j]);
+          a[2 * j][2] = swab::e4m3x2_bits<swab::kPair<0>>(wd[2][j], wd[3][j]);
+          a[2 * j][3] = swab::e4m3x2_bits<swab::kPair<1>>(wd[2][j], wd[3][j]);
+          a[2 * j + 1][0] = swab::e4m3x2_bits<swab::kPair<2>>(wd[0][j], wd[1][j]);
+          a[2 * j + 1][1] = swab::e4m3x2_bits<swab::kPair<3>>(wd[0][j], wd[1][j]);
+          a[2 * j + 1][2] = swab::e4m3x2_bits<swab::kPair<2>>(wd[2][j], wd[3][j]);
+          a[2 * j + 1][3] = swab::e4m3x2_bits<swab::kPair<3>>(wd[2][j], wd[3][j]);
+        }
       }
     };
     auto issue = [&](int ks, uint32_t(&a)[8][4]) {
       ptx::wgmma_fence();
 #pragma unroll
-      for (int mt = 0; mt < 8; ++mt) swab::wgmma_rs<kN>(o[mt], a[mt], pd + (mt >> 1) * kOp + uint32_t(2 * ks), 1);
+      for (int mt = 0; mt < 8; ++mt) swab::wgmma_rs<kN, kF16V>(o[mt], a[mt], pd + (mt >> 1) * kOp + uint32_t(2 * ks), 1);
       ptx::wgmma_commit();
     };
     if constexpr (Cfg::kDoubleA) {
@@ -464,6 +486,8 @@ struct SwabConsumer {
 #pragma unroll
     for (int i = 0; i < kNB; ++i) m_run[i][0] = m_run[i][1] = -INFINITY, l_run[i][0] = l_run[i][1] = 0.0f;
     constexpr float k2p56 = 72057594037927936.0f;
+    constexpr int kUnset = 1000;  // f16 V: no valid row seen yet in latent tile j
+    int kexp[4] = {kUnset, kUnset, kUnset, kUnset};
     const uint32_t q_base = ptx::smem_addr(s.q);
     int iter = 0;
     for (int tile = c; tile < w.num_tiles; tile += 2, ++iter) {
@@ -500,7 +524,36 @@ struct SwabConsumer {
 #pragma unroll
           for (int e = 0; e < 2; ++e) s.red_m[c][par][warp][8 * i + 2 * t + e] = mx[i][e];
       }
+      const float4 sc0 = swab::lds128f(kv + uint32_t(slot0 * Cfg::kRowStride) + 512);
+      const float4 sc1 = swab::lds128f(kv + uint32_t(slot1 * Cfg::kRowStride) + 512);
+      const float s0[4] = {sc0.x, sc0.y, sc0.z, sc0.w}, s1[4] = {sc1.x, sc1.y, sc1.z, sc1.w};
+      if constexpr (kF16V) {  // the tile's largest valid row scale per j, for P's exponent
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          float v = fmaxf(v0 ? fabsf(s0[j]) : 0.0f, v1 ? fabsf(s1[j]) : 0.0f);
+#pragma unroll
+          for (int o2 = 16; o2 >= 1; o2 >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o2));
+          if (lane == 0) s.red_sc[c][par][warp][j] = v;
+        }
+      }
       ptx::named_sync(bar_wg, 128);
+      if constexpr (kF16V) {  // P^T_j = P * scale * 2^kexp[j]; a smaller exponent rescales O's tile j
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const float v = fmaxf(fmaxf(s.red_sc[c][par][0][j], s.red_sc[c][par][1][j]),
+                                fmaxf(s.red_sc[c][par][2][j], s.red_sc[c][par][3][j]));
+          if (!(v > 0.0f) || !(v < INFINITY)) continue;
+          const int need = min(max(14 - ilogbf(v), -100), 100);
+          if (kexp[j] == kUnset) {
+            kexp[j] = need;
+          } else if (need < kexp[j]) {
+            const float fk = swab::pow2(max(need - kexp[j], -126));
+#pragma unroll
+            for (int i = 0; i < kNH; ++i) o[2 * j][i] *= fk, o[2 * j + 1][i] *= fk;
+            kexp[j] = need;
+          }
+        }
+      }
       float f[kNB][2];
       bool any_f = false;
 #pragma unroll
@@ -525,17 +578,15 @@ struct SwabConsumer {
 #pragma unroll
           for (int i = 0; i < kNH; ++i) o[mt][i] *= f[i >> 2][i & 1];
       }
-      // P^T * scale_j * 2^56 (0 for masked rows: their stale scale is never multiplied) as the
-      // K-major B operand of tile j: stmatrix.trans of the (8 rows x 8 heads) blocks.
+      // P^T * scale_j * 2^56 (f16 V: * 2^kexp[j]; 0 for masked rows: their stale scale is never
+      // multiplied) as the K-major B operand of tile j: stmatrix.trans of the (8 rows x 8 heads) blocks.
       {
-        const float4 sc0 = swab::lds128f(kv + uint32_t(slot0 * Cfg::kRowStride) + 512);
-        const float4 sc1 = swab::lds128f(kv + uint32_t(slot1 * Cfg::kRowStride) + 512);
-        const float s0[4] = {sc0.x, sc0.y, sc0.z, sc0.w}, s1[4] = {sc1.x, sc1.y, sc1.z, sc1.w};
         // lane l addresses row (head) 8 ib + l % 8 of matrix l / 8 = (ib, r); that matrix's 8 k are
         // rows 16 warp + 8 r + 0..7: chunk 2 warp + r of the head's 128 bytes.
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-          const float f0 = v0 ? s0[j] * k2p56 : 0.0f, f1 = v1 ? s1[j] * k2p56 : 0.0f;
+          const float pj = kF16V ? swab::pow2(kexp[j] == kUnset ? 0 : kexp[j]) : k2p56;
+          const float f0 = v0 ? s0[j] * pj : 0.0f, f1 = v1 ? s1[j] * pj : 0.0f;
           const uint32_t pb = ptx::smem_addr(s.p[c][j]);
 #pragma unroll
           for (int q4 = 0; q4 < kNB / 2; ++q4) {  // matrices (ib, r) for ib = 2 q4, 2 q4 + 1
@@ -544,7 +595,8 @@ struct SwabConsumer {
             for (int k = 0; k < 4; ++k) {
               const int ib = 2 * q4 + (k >> 1), r = k & 1;
               const float fr = r ? f1 : f0;
-              r4[k] = ptx::Bf16::pack(x[4 * ib + 2 * r] * fr, x[4 * ib + 2 * r + 1] * fr);
+              r4[k] = kF16V ? ptx::Fp16::pack(x[4 * ib + 2 * r] * fr, x[4 * ib + 2 * r + 1] * fr)
+                            : ptx::Bf16::pack(x[4 * ib + 2 * r] * fr, x[4 * ib + 2 * r + 1] * fr);
             }
             const int mi = lane >> 3, ib = 2 * q4 + (mi >> 1), r = mi & 1;
             const int h = 8 * ib + (lane & 7);
@@ -554,7 +606,7 @@ struct SwabConsumer {
       }
       ptx::fence_proxy_async_smem();
       ptx::named_sync(bar_wg, 128);
-      pv(kv, ptx::smem_addr(s.p[c][0]), warp, g, t, ws_bar(s.empty[st]), o);
+      pv(kv, ptx::smem_addr(s.p[c][0]), warp, g, t, ws_bar(s.empty[st]), vmask, o);
     }
 
     // ---- merge the two consumers, then out / LSE (or the split's partials) from consumer 0.
@@ -571,6 +623,10 @@ struct SwabConsumer {
         if (g == 0) s.red_l[c][warp][8 * i + 2 * t + e] = l;
         if (c == 1 && warp == 0 && g == 0) s.fin_m[8 * i + 2 * t + e] = m_run[i][e];
       }
+    if (kF16V && c == 1 && wt == 0) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) s.fin_k[j] = kexp[j] == kUnset ? 0 : kexp[j];
+    }
     // Consumer 1's O^T to the (now idle: every tile's rows have landed and been read) stages.
     bar_sync(Bar::kConsumers, kConsumerThreads);
     float* ob = reinterpret_cast<float*>(s.kv);
@@ -582,6 +638,14 @@ struct SwabConsumer {
     }
     bar_sync(Bar::kConsumers, kConsumerThreads);
     if (c == 1) return;
+    // per latent tile j: what turns each consumer's accumulator into O (bit moves: P carried 2^56 and
+    // V 2^-120; f16 V: P carried 2^kexp[j])
+    float mul_a[4], mul_b[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      mul_a[j] = kF16V ? swab::pow2(-(kexp[j] == kUnset ? 0 : kexp[j])) : 1.0f;
+      mul_b[j] = kF16V ? swab::pow2(-s.fin_k[j]) : 1.0f;
+    }
     float lse[kNB][2];
     bool hv[kNB][2];
 #pragma unroll
@@ -598,14 +662,13 @@ struct SwabConsumer {
         const float l = la * fa + lb * fb;
         float denom = l;
         if (p.num_splits == 1 && p.sink != nullptr && l > 0.0f && hv[i][e]) denom += exp2f(p.sink[h] * kLog2e - m);
-        // O = 2^64 * accumulator (P carried 2^56, V 2^-120)
-        const float sc = l > 0.0f ? p.out_scale * 18446744073709551616.0f / denom : 0.0f;
+        const float sc = l > 0.0f ? p.out_scale * (kF16V ? 1.0f : 18446744073709551616.0f) / denom : 0.0f;  // 2^64
 #pragma unroll
         for (int mt = 0; mt < 8; ++mt)
 #pragma unroll
           for (int k = 0; k < 2; ++k) {
             const int idx = 4 * i + 2 * k + e;
-            o[mt][idx] = (o[mt][idx] * fa + ob[(mt * kNH + idx) * 128 + wt] * fb) * sc;
+            o[mt][idx] = (o[mt][idx] * (fa * mul_a[mt >> 1]) + ob[(mt * kNH + idx) * 128 + wt] * (fb * mul_b[mt >> 1])) * sc;
           }
         lse[i][e] = l > 0.0f ? (m + log2f(l)) * kLn2 : -INFINITY;
       }
@@ -651,7 +714,7 @@ struct SwabConsumer {
 
 // kDiag (timing only, wrong results; `SMLA_SM90_SWAPAB_DIAG`): 1 the rows' ring alone (consumers
 // release each stage at once), 2 the compute alone (the producer copies nothing).
-template <int kN, int kDiag, bool kF16K>
+template <int kN, int kDiag, int kCvt>
 __global__ void __launch_bounds__(SwabConfig<kN>::kThreads, 1) sparse_mla_swapab_kernel(const __grid_constant__ KernelParams p) {
   using Cfg = SwabConfig<kN>;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -673,16 +736,16 @@ __global__ void __launch_bounds__(SwabConfig<kN>::kThreads, 1) sparse_mla_swapab
     return;
   }
   ptx::setmaxnreg_inc<Cfg::kConsumerRegs>();
-  swab_load_q<kN, kF16K>(p, s, w, threadIdx.x);
+  swab_load_q<kN, (kCvt >= 1)>(p, s, w, threadIdx.x);
   ptx::fence_proxy_async_smem();
   bar_sync(Bar::kConsumers, kConsumerThreads);
-  SwabConsumer<kN, kDiag, kF16K>::run(p, s, w, wg, wt);
+  SwabConsumer<kN, kDiag, kCvt>::run(p, s, w, wg, wt);
 }
 
-template <int kN, int kDiag, bool kF16K>
+template <int kN, int kDiag, int kCvt>
 void launch_swapab_mode(const KernelParams& p, cudaStream_t stream) {
   using Cfg = SwabConfig<kN>;
-  auto* kernel = sparse_mla_swapab_kernel<kN, kDiag, kF16K>;
+  auto* kernel = sparse_mla_swapab_kernel<kN, kDiag, kCvt>;
   static std::atomic<uint64_t> attribute_set{0};
   int dev = 0;
   SMLA_CHECK(cudaGetDevice(&dev) == cudaSuccess, "cudaGetDevice failed");
@@ -702,7 +765,8 @@ void launch_swapab_mode(const KernelParams& p, cudaStream_t stream) {
 // SMLA_SM90_SWAPAB_DIAG=rows|compute: the timing-only modes of kDiag, for `smla bench` (wrong results);
 // SMLA_SM90_SWAPAB_K=f16 (N = 16 only): K converted by cvt.rn.f16x2.e4m3x2 against an f16 q (q times a
 // per-head power of two into f16's top binade; q elements below 2^-38 of the head's largest |q| flush to 0,
-// below 2^-28 lose bits), instead of the bit moves. V always uses the bit moves (P stays bf16).
+// below 2^-28 lose bits), instead of the bit moves; V still by bit moves (P bf16). =f16kv: V too by cvt,
+// P in f16 times a running power of two per latent tile (the tile's largest row scale into [2^14, 2^15)).
 inline int swapab_diag_mode() {
   static const int mode = [] {
     const char* e = std::getenv("SMLA_SM90_SWAPAB_DIAG");
@@ -711,28 +775,31 @@ inline int swapab_diag_mode() {
   }();
   return mode;
 }
-inline bool swapab_f16k() {
-  static const bool on = [] {
+inline int swapab_cvt_mode() {
+  static const int mode = [] {
     const char* e = std::getenv("SMLA_SM90_SWAPAB_K");
-    return e != nullptr && std::string(e) == "f16";
+    const std::string v = e != nullptr ? e : "";
+    return v == "f16" ? 1 : v == "f16kv" ? 2 : 0;
   }();
-  return on;
+  return mode;
 }
 
-template <int kN, bool kF16K>
+template <int kN, int kCvt>
 void launch_swapab_k(const KernelParams& p, cudaStream_t stream) {
   switch (swapab_diag_mode()) {
-    case 1: return launch_swapab_mode<kN, 1, kF16K>(p, stream);
-    case 2: return launch_swapab_mode<kN, 2, kF16K>(p, stream);
-    default: return launch_swapab_mode<kN, 0, kF16K>(p, stream);
+    case 1: return launch_swapab_mode<kN, 1, kCvt>(p, stream);
+    case 2: return launch_swapab_mode<kN, 2, kCvt>(p, stream);
+    default: return launch_swapab_mode<kN, 0, kCvt>(p, stream);
   }
 }
 template <int kN>
 void launch_swapab(const KernelParams& p, cudaStream_t stream) {
   if constexpr (kN == 16) {  // (N = 32 with f16 K spills 8 bytes: bit moves only)
-    if (swapab_f16k()) return launch_swapab_k<kN, true>(p, stream);
+    const int mode = swapab_cvt_mode();
+    if (mode == 1) return launch_swapab_k<kN, 1>(p, stream);
+    if (mode == 2) return launch_swapab_k<kN, 2>(p, stream);
   }
-  launch_swapab_k<kN, false>(p, stream);
+  launch_swapab_k<kN, 0>(p, stream);
 }
 
 }  // namespace smla::cuda::sm90::sparse_mla
