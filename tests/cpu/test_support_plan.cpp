@@ -181,20 +181,20 @@ TEST(Support, Fp8ScoresNeedAnE4m3QWithAnFp8Cache) {
 // resolve_score_precision: every format x q dtype x {auto, bf16, fp8}. An explicit choice stays as
 // it is (support_common refuses fp8 where it cannot run); auto is fp8 exactly for an e4m3 q with an
 // fp8_e4m3 / fp8_ds_mla cache (the two pairs listed by hand below).
-// The swap-AB small-H kernel runs fp8_ds_mla with a bf16 q at H <= 32 (SMLA_SM90_SWAPAB=0 turns it off,
-// read once per process); everything else, and the reasons of what nothing runs, stay with the
-// 64-head kernels.
+// The swap-AB small-H kernel runs fp8_ds_mla with a bf16 q at H <= 16 when SMLA_SM90_SWAPAB turns it on
+// (read once per process; opt-in by default); everything else, and the reasons of what nothing runs,
+// stay with the 64-head kernels.
 TEST(Support, SwapAbTakesSmallHeadFp8DsMlaWithABf16Q) {
   const auto h200 = device(9, 0, "NVIDIA H200");
   const std::string small = smla::swapab_enabled() ? "swapab" : "h64.ws";
-  for (int H : {1, 8, 16, 17, 32, 33, 64, 128}) {
+  for (int H : {1, 8, 16, 17, 32, 64, 128}) {
     const smla::CudaVariant* v = smla::cuda_variant_for(geo(KvFormat::kFP8DsMla, DType::kBF16, H), h200);
     ASSERT_NE(v, nullptr) << H;
-    EXPECT_EQ(std::string(v->name), H <= 32 ? small : "h64.ws") << H;
+    EXPECT_EQ(std::string(v->name), H <= 16 ? small : "h64.ws") << H;
     for (int rope : {64, 0}) {  // D = 512 too
       v = smla::cuda_variant_for(geo(KvFormat::kFP8DsMla, DType::kBF16, H, rope, 77), h200);
       ASSERT_NE(v, nullptr) << H;
-      EXPECT_EQ(std::string(v->name), H <= 32 ? small : "h64.ws") << H << " rope " << rope;
+      EXPECT_EQ(std::string(v->name), H <= 16 ? small : "h64.ws") << H << " rope " << rope;
     }
     for (KvFormat f : {KvFormat::kBF16, KvFormat::kFP8E4M3, KvFormat::kNvFP4DsMla})
       EXPECT_STREQ(smla::cuda_variant_for(geo(f, DType::kBF16, H), h200)->name, "h64.ws") << H;
@@ -206,7 +206,7 @@ TEST(Support, SwapAbTakesSmallHeadFp8DsMlaWithABf16Q) {
   if (smla::swapab_enabled()) {  // (with SMLA_SM90_SWAPAB=0 every geometry gets the switch's reason)
     expect_reason(smla::supports_sm90_swapab(geo(KvFormat::kBF16, DType::kBF16, 16), h200), "fp8_ds_mla", "bf16 rows");
     expect_reason(smla::supports_sm90_swapab(geo(KvFormat::kFP8DsMla, DType::kE4M3, 16), h200), "bf16 q", "e4m3 q");
-    expect_reason(smla::supports_sm90_swapab(geo(KvFormat::kFP8DsMla, DType::kBF16, 33), h200), "H <= 32", "H = 33");
+    expect_reason(smla::supports_sm90_swapab(geo(KvFormat::kFP8DsMla, DType::kBF16, 17), h200), "H <= 16", "H = 17");
   } else {
     expect_reason(smla::supports_sm90_swapab(g, h200), "SMLA_SM90_SWAPAB", "switched off");
   }

@@ -257,7 +257,7 @@ TEST(SparseMlaSm90Edge, SplitAndNoSplitAgree) {
 }
 
 // Two identical runs (split and not split) are bit-identical (bf16 H = 64; fp8_ds_mla H = 16 and
-// 32: the swap-AB kernel).
+// 32: the swap-AB kernel at H = 16 when it is on).
 TEST(SparseMlaSm90Edge, Deterministic) {
   REQUIRE_GPU();
   for (int64_t T : {int64_t(2), int64_t(300)})
@@ -277,7 +277,7 @@ TEST(SparseMlaSm90Edge, Deterministic) {
 }
 
 // A captured graph replays the direct launch bit for bit (no allocation or sync inside): bf16, and
-// fp8_ds_mla on the swap-AB kernel (N = 16 and 32).
+// fp8_ds_mla (H = 16: the swap-AB kernel when it is on).
 TEST(SparseMlaSm90Edge, GraphCaptureReplays) {
   REQUIRE_GPU();
   for (auto [f, H] : {std::pair{KvFormat::kBF16, 32}, std::pair{KvFormat::kFP8DsMla, 16}, std::pair{KvFormat::kFP8DsMla, 32}}) {
@@ -384,8 +384,8 @@ TEST(SparseMlaSm90Routing, Variants) {
     EXPECT_EQ(variant(KvFormat::kBF16, H, DType::kBF16), "h64.ws") << H;
     EXPECT_EQ(variant(KvFormat::kFP16, H, DType::kFP16), "h64.ws") << H;
     EXPECT_EQ(variant(KvFormat::kFP8E4M3, H, DType::kBF16), "h64.ws") << H;
-    // fp8_ds_mla with a bf16 q at H <= 32: the swap-AB kernel (unless SMLA_SM90_SWAPAB=0).
-    const std::string ds = H <= 32 && smla::swapab_enabled() ? "swapab" : "h64.ws";
+    // fp8_ds_mla with a bf16 q at H <= 16: the swap-AB kernel when SMLA_SM90_SWAPAB turns it on.
+    const std::string ds = H <= 16 && smla::swapab_enabled() ? "swapab" : "h64.ws";
     EXPECT_EQ(variant(KvFormat::kFP8DsMla, H, DType::kBF16), ds) << H;
     EXPECT_EQ(variant(KvFormat::kNvFP4DsMla, H, DType::kBF16), "h64.ws") << H;
     // A 16-bit q: auto and an explicit bf16 are the same path.

@@ -1,8 +1,7 @@
 // Instantiations: the swap-AB small-H kernel (swapab.cuh) for fp8_ds_mla rows and a bf16 q, N = 16
-// (H <= 16) and N = 32 (H <= 32).
+// (H <= 16), with its opt-in conversion / ring variants and timing-only modes.
 #include "cuda/sm90/sparse_mla/swapab.cuh"
 
 namespace smla::cuda::sm90::sparse_mla {
 template void launch_swapab<16>(const KernelParams&, cudaStream_t);
-template void launch_swapab<32>(const KernelParams&, cudaStream_t);
 }  // namespace smla::cuda::sm90::sparse_mla

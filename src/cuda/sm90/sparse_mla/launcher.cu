@@ -80,9 +80,8 @@ const CudaVariant& variant_for(const SparseMlaParams& p) {
 using LaunchFn = void (*)(const k::KernelParams& kp, KvFormat format, cudaStream_t s);
 
 void launch_swapab(const k::KernelParams& kp, KvFormat format, cudaStream_t s) {
-  if (format != KvFormat::kFP8DsMla || kp.num_heads > 32) fail("swapab reads fp8_ds_mla rows for H <= 32 only");  // unreachable: supports() refuses
-  if (kp.num_heads <= 16) k::launch_swapab<16>(kp, s);
-  else k::launch_swapab<32>(kp, s);
+  if (format != KvFormat::kFP8DsMla || kp.num_heads > 16) fail("swapab reads fp8_ds_mla rows for H <= 16 only");  // unreachable: supports() refuses
+  k::launch_swapab<16>(kp, s);
 }
 
 void launch_h64_ws(const k::KernelParams& kp, KvFormat format, cudaStream_t s) {

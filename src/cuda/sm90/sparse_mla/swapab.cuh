@@ -44,10 +44,12 @@ namespace smla::cuda::sm90::sparse_mla {
 template <int kN>
 struct SwabConfig {
   static_assert(kN == 16 || kN == 32, "N of the swap-AB wgmma: 16 or 32 heads");
+  // Each stage must belong to one consumer (tiles alternate between the two): with an odd count a
+  // consumer could wait on a stage's phase two ahead of the one in flight (the parity aliases).
   static constexpr int kThreads = 3 * 128;
   static constexpr int kConsumerRegs = kN == 16 ? 232 : 240;  // N = 32: O alone is 128 registers
   static constexpr int kProducerRegs = kN == 16 ? 40 : 24;
-  static constexpr int kStages = kN == 16 ? 4 : 3;  // raw 64-row stages in the ring
+  static constexpr int kStages = kN == 16 ? 4 : 2;  // raw 64-row stages in the ring (even: see above)
   static constexpr int kRowStride = 672;            // bytes between rows of a stage (656 + 16: bank spread)
   static constexpr int kRowBytes = 656;             // an fp8_ds_mla row
   static constexpr int kStageBytes = kBlockK * kRowStride;
@@ -57,7 +59,7 @@ struct SwabConfig {
     alignas(1024) uint8_t q[9][kOperandBytes];     // Q^T: chunk c (dims 64c.., 8 = RoPE) of kN heads, permuted
     alignas(1024) uint8_t p[2][4][kOperandBytes];  // [consumer][latent tile j] P^T * scale_j * 2^56
     alignas(128) uint8_t kv[kStages][kStageBytes];  // raw rows; at the end consumer 1's O for the merge
-    uint64_t valid[kStages];                        // bit i: slot i of the stage holds a row
+    uint64_t valid[kStages][4];                     // [stage][producer warp] bit i: slot i holds a row
     float qfac[kN];                                 // scale_log2 * 2^(120 - e_h)
     float red_m[2][2][4][kN];                       // [consumer][tile parity][warp][head] partial max
     float red_l[2][4][kN];                          // [consumer][warp][head] final partial sums
@@ -194,10 +196,69 @@ __device__ __forceinline__ float pow2(int e) { return __int_as_float((127 + e) <
 
 }  // namespace swab
 
-// ---- the producer: one warp, one bulk copy per valid row.
+// ---- the producer (the whole warpgroup): 16-byte cp.async, 8 threads per row (a warp writes four
+// rows' 128 contiguous bytes per instruction), rows grp + 16 i of the tile for thread (grp, c). Each
+// thread's copies arrive on the stage's "full" mbarrier when they land (cp.async.mbarrier.arrive),
+// lane 0 of each warp also arrives after storing its rows' valid bits. L2 fetches are 256 bytes
+// except where that would run past the row (s7-l2).
 template <int kN, int kDiag>
-__device__ __forceinline__ void swab_produce(const KernelParams& p, typename SwabConfig<kN>::SharedStorage& s,
-                                             const WsBlock& w, int lane) {
+__device__ __forceinline__ void swab_produce_cp(const KernelParams& p, typename SwabConfig<kN>::SharedStorage& s,
+                                                const WsBlock& w, int wt) {
+  using Cfg = SwabConfig<kN>;
+  const int c = wt & 7, grp = wt >> 3, warp = wt >> 5, lane = wt & 31;
+  const int chunks = p.raw_chunks;
+  int rows[4];
+  auto fetch = [&](int tile) {  // the ids, by the c == 0 thread of each row
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int e = w.begin + tile * kBlockK + grp + 16 * i;
+      rows[i] = (c == 0 && tile < w.num_tiles && e < w.end) ? __ldg(w.idx_row + e) : -1;
+    }
+  };
+  fetch(0);
+  for (int tile = 0; tile < w.num_tiles; ++tile) {
+    const int st = tile % Cfg::kStages;
+    int cur[4];  // this tile's row ids (-1: masked)
+    uint32_t bal[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int row = __shfl_sync(0xffffffffu, rows[i], lane & ~7);
+      cur[i] = row >= 0 && row < p.num_rows ? row : -1;
+      bal[i] = __ballot_sync(0xffffffffu, cur[i] >= 0);
+    }
+    fetch(tile + 1);  // the next tile's ids load while this one's copies go out
+    ptx::mbar_wait(ws_bar(s.empty[st]), ((tile / Cfg::kStages) & 1) ^ 1);
+    const uint32_t full = ws_bar(s.full[st]);
+    if constexpr (kDiag != 2) {
+      const uint32_t base = ptx::smem_addr(s.kv[st]) + uint32_t(grp * Cfg::kRowStride + 16 * c);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        if (cur[i] < 0) continue;
+        const uint8_t* src = p.kv + int64_t(cur[i]) * p.kv_row_stride_bytes + 16 * c;
+        const uint32_t dst = base + uint32_t(16 * i * Cfg::kRowStride);
+#pragma unroll
+        for (int k = 0; k < 6; ++k)  // chunks c, c + 8, ... < 41: the last one's L2 fetch 128 bytes
+          if (c + 8 * k < chunks) ptx::cp_async_16_zfill_l2(dst + 128 * k, src + 128 * k, true, c + 8 * k + 8 >= chunks);
+      }
+    }
+    ptx::cp_async_mbar_arrive(full);
+    if (lane == 0) {  // bit 4 warp + gl + 16 i: slot grp + 16 i of lane 8 gl
+      uint64_t mask = 0;
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int gl = 0; gl < 4; ++gl) mask |= uint64_t((bal[i] >> (8 * gl)) & 1u) << (4 * warp + gl + 16 * i);
+      s.valid[st][warp] = mask;
+      ptx::mbar_arrive(full);
+    }
+  }
+}
+
+// ---- the producer as one warp, one bulk copy per valid row (SMLA_SM90_SWAPAB_RING=bulk; slower: the
+// copies of 656 bytes went at ~65 cycles each per SM, docs/perf-history.md#s11-swapab).
+template <int kN, int kDiag>
+__device__ __forceinline__ void swab_produce_bulk(const KernelParams& p, typename SwabConfig<kN>::SharedStorage& s,
+                                                  const WsBlock& w, int lane) {
   using Cfg = SwabConfig<kN>;
   const uint32_t row_bytes = uint32_t(p.raw_chunks) * 16u;
   int rows[2];
@@ -224,7 +285,8 @@ __device__ __forceinline__ void swab_produce(const KernelParams& p, typename Swa
     ptx::mbar_wait(ws_bar(s.empty[st]), parity);
     const uint32_t full = ws_bar(s.full[st]);
     if (lane == 0) {
-      s.valid[st] = uint64_t(b0) | uint64_t(b1) << 32;
+      s.valid[st][0] = uint64_t(b0) | uint64_t(b1) << 32;
+      s.valid[st][1] = s.valid[st][2] = s.valid[st][3] = 0;
       swab::mbar_arrive_expect_tx(full, kDiag == 2 ? 0u : uint32_t(__popc(b0) + __popc(b1)) * row_bytes);
     }
     __syncwarp();
@@ -330,7 +392,7 @@ struct SwabConsumer {
       for (int i = 0; i < kNH; ++i) x[i] = fmaf(acc[i], scl[(i >> 1) & 1], x[i]);
     };
     float acc[2][kNH];
-    if constexpr (Cfg::kDoubleA) {
+    if constexpr (Cfg::kDoubleA && !kF16V) {  // (f16 V: one A set here, or it spills)
       uint32_t a[2][8][4];
       convert(0, a[0]);
       issue(0, a[0], acc[0]);
@@ -494,7 +556,7 @@ struct SwabConsumer {
       const int st = tile % Cfg::kStages;
       ptx::mbar_wait(ws_bar(s.full[st]), uint32_t((tile / Cfg::kStages) & 1));
       const uint32_t kv = ptx::smem_addr(s.kv[st]);
-      const uint64_t vmask = s.valid[st];
+      const uint64_t vmask = s.valid[st][0] | s.valid[st][1] | s.valid[st][2] | s.valid[st][3];
       const bool v0 = (vmask >> slot0) & 1, v1 = (vmask >> slot1) & 1;
       if constexpr (kDiag == 1) {  // timing only: the rows' ring without any compute
         ptx::mbar_arrive(ws_bar(s.empty[st]));
@@ -524,10 +586,10 @@ struct SwabConsumer {
 #pragma unroll
           for (int e = 0; e < 2; ++e) s.red_m[c][par][warp][8 * i + 2 * t + e] = mx[i][e];
       }
-      const float4 sc0 = swab::lds128f(kv + uint32_t(slot0 * Cfg::kRowStride) + 512);
-      const float4 sc1 = swab::lds128f(kv + uint32_t(slot1 * Cfg::kRowStride) + 512);
-      const float s0[4] = {sc0.x, sc0.y, sc0.z, sc0.w}, s1[4] = {sc1.x, sc1.y, sc1.z, sc1.w};
       if constexpr (kF16V) {  // the tile's largest valid row scale per j, for P's exponent
+        const float4 sc0 = swab::lds128f(kv + uint32_t(slot0 * Cfg::kRowStride) + 512);
+        const float4 sc1 = swab::lds128f(kv + uint32_t(slot1 * Cfg::kRowStride) + 512);
+        const float s0[4] = {sc0.x, sc0.y, sc0.z, sc0.w}, s1[4] = {sc1.x, sc1.y, sc1.z, sc1.w};
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
           float v = fmaxf(v0 ? fabsf(s0[j]) : 0.0f, v1 ? fabsf(s1[j]) : 0.0f);
@@ -542,12 +604,9 @@ struct SwabConsumer {
         for (int j = 0; j < 4; ++j) {
           const float v = fmaxf(fmaxf(s.red_sc[c][par][0][j], s.red_sc[c][par][1][j]),
                                 fmaxf(s.red_sc[c][par][2][j], s.red_sc[c][par][3][j]));
-          if (!(v > 0.0f) || !(v < INFINITY)) continue;
-          const int need = min(max(14 - ilogbf(v), -100), 100);
-          if (kexp[j] == kUnset) {
-            kexp[j] = need;
-          } else if (need < kexp[j]) {
-            const float fk = swab::pow2(max(need - kexp[j], -126));
+          const int need = v > 0.0f && v < INFINITY ? min(max(14 - ilogbf(v), -100), 100) : kUnset;
+          if (need < kexp[j]) {  // (kUnset: no valid row yet; O's tile j is 0 then)
+            const float fk = kexp[j] == kUnset ? 1.0f : swab::pow2(max(need - kexp[j], -126));
 #pragma unroll
             for (int i = 0; i < kNH; ++i) o[2 * j][i] *= fk, o[2 * j + 1][i] *= fk;
             kexp[j] = need;
@@ -581,6 +640,9 @@ struct SwabConsumer {
       // P^T * scale_j * 2^56 (f16 V: * 2^kexp[j]; 0 for masked rows: their stale scale is never
       // multiplied) as the K-major B operand of tile j: stmatrix.trans of the (8 rows x 8 heads) blocks.
       {
+        const float4 sc0 = swab::lds128f(kv + uint32_t(slot0 * Cfg::kRowStride) + 512);
+        const float4 sc1 = swab::lds128f(kv + uint32_t(slot1 * Cfg::kRowStride) + 512);
+        const float s0[4] = {sc0.x, sc0.y, sc0.z, sc0.w}, s1[4] = {sc1.x, sc1.y, sc1.z, sc1.w};
         // lane l addresses row (head) 8 ib + l % 8 of matrix l / 8 = (ib, r); that matrix's 8 k are
         // rows 16 warp + 8 r + 0..7: chunk 2 warp + r of the head's 128 bytes.
 #pragma unroll
@@ -640,12 +702,8 @@ struct SwabConsumer {
     if (c == 1) return;
     // per latent tile j: what turns each consumer's accumulator into O (bit moves: P carried 2^56 and
     // V 2^-120; f16 V: P carried 2^kexp[j])
-    float mul_a[4], mul_b[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      mul_a[j] = kF16V ? swab::pow2(-(kexp[j] == kUnset ? 0 : kexp[j])) : 1.0f;
-      mul_b[j] = kF16V ? swab::pow2(-s.fin_k[j]) : 1.0f;
-    }
+    auto mul_a = [&](int j) { return kF16V ? swab::pow2(-(kexp[j] == kUnset ? 0 : kexp[j])) : 1.0f; };
+    auto mul_b = [&](int j) { return kF16V ? swab::pow2(-s.fin_k[j]) : 1.0f; };
     float lse[kNB][2];
     bool hv[kNB][2];
 #pragma unroll
@@ -668,7 +726,7 @@ struct SwabConsumer {
 #pragma unroll
           for (int k = 0; k < 2; ++k) {
             const int idx = 4 * i + 2 * k + e;
-            o[mt][idx] = (o[mt][idx] * (fa * mul_a[mt >> 1]) + ob[(mt * kNH + idx) * 128 + wt] * (fb * mul_b[mt >> 1])) * sc;
+            o[mt][idx] = (o[mt][idx] * (fa * mul_a(mt >> 1)) + ob[(mt * kNH + idx) * 128 + wt] * (fb * mul_b(mt >> 1))) * sc;
           }
         lse[i][e] = l > 0.0f ? (m + log2f(l)) * kLn2 : -INFINITY;
       }
@@ -713,8 +771,9 @@ struct SwabConsumer {
 };
 
 // kDiag (timing only, wrong results; `SMLA_SM90_SWAPAB_DIAG`): 1 the rows' ring alone (consumers
-// release each stage at once), 2 the compute alone (the producer copies nothing).
-template <int kN, int kDiag, int kCvt>
+// release each stage at once), 2 the compute alone (the producer copies nothing). kBulk: the
+// one-warp bulk-copy producer instead of the warpgroup's cp.async.
+template <int kN, int kDiag, int kCvt, bool kBulk>
 __global__ void __launch_bounds__(SwabConfig<kN>::kThreads, 1) sparse_mla_swapab_kernel(const __grid_constant__ KernelParams p) {
   using Cfg = SwabConfig<kN>;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -722,7 +781,9 @@ __global__ void __launch_bounds__(SwabConfig<kN>::kThreads, 1) sparse_mla_swapab
   const WsBlock w = block_work(p);
   if (threadIdx.x == 0) {
     for (int i = 0; i < Cfg::kStages; ++i) {
-      ptx::mbar_init(ws_bar(s.full[i]), 1);     // the producer's arrive.expect_tx (+ the copies' bytes)
+      // bulk: the producer's arrive.expect_tx (+ the copies' bytes); cp.async: every producer thread's
+      // copies landed (128) and the 4 warps' valid bits stored
+      ptx::mbar_init(ws_bar(s.full[i]), kBulk ? 1 : 128 + 4);
       ptx::mbar_init(ws_bar(s.empty[i]), 128);  // the consuming warpgroup, once per tile
     }
     ptx::fence_mbar_init();
@@ -732,7 +793,11 @@ __global__ void __launch_bounds__(SwabConfig<kN>::kThreads, 1) sparse_mla_swapab
   const int wg = threadIdx.x / 128, wt = threadIdx.x % 128;
   if (wg == 2) {
     ptx::setmaxnreg_dec<Cfg::kProducerRegs>();
-    if (wt < 32) swab_produce<kN, kDiag>(p, s, w, wt);
+    if constexpr (kBulk) {
+      if (wt < 32) swab_produce_bulk<kN, kDiag>(p, s, w, wt);
+    } else {
+      swab_produce_cp<kN, kDiag>(p, s, w, wt);
+    }
     return;
   }
   ptx::setmaxnreg_inc<Cfg::kConsumerRegs>();
@@ -742,10 +807,10 @@ __global__ void __launch_bounds__(SwabConfig<kN>::kThreads, 1) sparse_mla_swapab
   SwabConsumer<kN, kDiag, kCvt>::run(p, s, w, wg, wt);
 }
 
-template <int kN, int kDiag, int kCvt>
+template <int kN, int kDiag, int kCvt, bool kBulk>
 void launch_swapab_mode(const KernelParams& p, cudaStream_t stream) {
   using Cfg = SwabConfig<kN>;
-  auto* kernel = sparse_mla_swapab_kernel<kN, kDiag, kCvt>;
+  auto* kernel = sparse_mla_swapab_kernel<kN, kDiag, kCvt, kBulk>;
   static std::atomic<uint64_t> attribute_set{0};
   int dev = 0;
   SMLA_CHECK(cudaGetDevice(&dev) == cudaSuccess, "cudaGetDevice failed");
@@ -763,43 +828,52 @@ void launch_swapab_mode(const KernelParams& p, cudaStream_t stream) {
 
 // Environment switches, read once (docs/perf-history.md#s11-swapab):
 // SMLA_SM90_SWAPAB_DIAG=rows|compute: the timing-only modes of kDiag, for `smla bench` (wrong results);
-// SMLA_SM90_SWAPAB_K=f16 (N = 16 only): K converted by cvt.rn.f16x2.e4m3x2 against an f16 q (q times a
-// per-head power of two into f16's top binade; q elements below 2^-38 of the head's largest |q| flush to 0,
-// below 2^-28 lose bits), instead of the bit moves; V still by bit moves (P bf16). =f16kv: V too by cvt,
-// P in f16 times a running power of two per latent tile (the tile's largest row scale into [2^14, 2^15)).
+// SMLA_SM90_SWAPAB_K=f16: K converted by cvt.rn.f16x2.e4m3x2 against an f16 q (q times a per-head power
+// of two into f16's top binade; q elements below 2^-38 of the head's largest |q| flush to 0, below 2^-28
+// lose bits), instead of the bit moves; V still by bit moves (P bf16). =f16kv: V too by cvt, P in f16
+// times a running power of two per latent tile (the tile's largest row scale into [2^14, 2^15)).
+// SMLA_SM90_SWAPAB_RING=bulk: the one-warp bulk-copy producer.
+inline std::string swapab_env(const char* name) {
+  const char* e = std::getenv(name);
+  return e != nullptr ? e : "";
+}
 inline int swapab_diag_mode() {
   static const int mode = [] {
-    const char* e = std::getenv("SMLA_SM90_SWAPAB_DIAG");
-    const std::string v = e != nullptr ? e : "";
+    const std::string v = swapab_env("SMLA_SM90_SWAPAB_DIAG");
     return v == "rows" ? 1 : v == "compute" ? 2 : 0;
   }();
   return mode;
 }
 inline int swapab_cvt_mode() {
   static const int mode = [] {
-    const char* e = std::getenv("SMLA_SM90_SWAPAB_K");
-    const std::string v = e != nullptr ? e : "";
+    const std::string v = swapab_env("SMLA_SM90_SWAPAB_K");
     return v == "f16" ? 1 : v == "f16kv" ? 2 : 0;
   }();
   return mode;
 }
-
-template <int kN, int kCvt>
-void launch_swapab_k(const KernelParams& p, cudaStream_t stream) {
-  switch (swapab_diag_mode()) {
-    case 1: return launch_swapab_mode<kN, 1, kCvt>(p, stream);
-    case 2: return launch_swapab_mode<kN, 2, kCvt>(p, stream);
-    default: return launch_swapab_mode<kN, 0, kCvt>(p, stream);
-  }
+inline bool swapab_bulk() {
+  static const bool on = swapab_env("SMLA_SM90_SWAPAB_RING") == "bulk";
+  return on;
 }
+
+// N = 16 (H <= 16). The diagnostic modes run the default conversion and ring only.
 template <int kN>
 void launch_swapab(const KernelParams& p, cudaStream_t stream) {
-  if constexpr (kN == 16) {  // (N = 32 with f16 K spills 8 bytes: bit moves only)
-    const int mode = swapab_cvt_mode();
-    if (mode == 1) return launch_swapab_k<kN, 1>(p, stream);
-    if (mode == 2) return launch_swapab_k<kN, 2>(p, stream);
+  static_assert(kN == 16, "swapab runs H <= 16");
+  switch (swapab_diag_mode()) {
+    case 1: return launch_swapab_mode<kN, 1, 0, false>(p, stream);
+    case 2: return launch_swapab_mode<kN, 2, 0, false>(p, stream);
+    default: break;
   }
-  launch_swapab_k<kN, 0>(p, stream);
+  const int cvt = swapab_cvt_mode();
+  if (swapab_bulk()) {
+    if (cvt == 1) return launch_swapab_mode<kN, 0, 1, true>(p, stream);
+    if (cvt == 2) return launch_swapab_mode<kN, 0, 2, true>(p, stream);
+    return launch_swapab_mode<kN, 0, 0, true>(p, stream);
+  }
+  if (cvt == 1) return launch_swapab_mode<kN, 0, 1, false>(p, stream);
+  if (cvt == 2) return launch_swapab_mode<kN, 0, 2, false>(p, stream);
+  launch_swapab_mode<kN, 0, 0, false>(p, stream);
 }
 
 }  // namespace smla::cuda::sm90::sparse_mla
