@@ -338,7 +338,7 @@ __device__ __forceinline__ void swab_load_q(const KernelParams& p, typename Swab
 }
 
 // ---- a consumer warpgroup: tiles c, c + 2, ...; its O^T (latent dims x kN heads) in registers.
-template <int kN, int kDiag, int kCvt>
+template <int kN, int kDiag, int kCvt, bool kEarlyV = false>
 struct SwabConsumer {
   static constexpr bool kF16K = kCvt >= 1, kF16V = kCvt == 2;  // f16 K (and V) by cvt, else bit moves
   using Cfg = SwabConfig<kN>;
@@ -448,82 +448,73 @@ struct SwabConsumer {
   // Arrives on `empty` once its last load is done (A lives in registers).
   // f16 V: the words of masked rows are zeroed (their stale bytes may hold the e4m3 NaN code, and NaN
   // times P's 0 is NaN; the bit moves never make NaN).
-  __device__ __forceinline__ static void pv(uint32_t kv, uint32_t p_base, int w, int g, int t, uint32_t empty,
-                                            uint64_t vmask, float (&o)[8][kNH]) {
+  __device__ __forceinline__ static void pv_convert(uint32_t kv, int w, int g, int t, uint64_t vmask, int ks,
+                                                    uint32_t (&a)[8][4]) {
     const uint32_t col = uint32_t(4 * (8 * w + g));
-    constexpr uint32_t kOp = uint32_t(Cfg::kOperandBytes >> 4);
-    const uint64_t pd = ptx::sw128_desc(p_base, 16, 1024);
-    auto convert = [&](int ks, uint32_t(&a)[8][4]) {
-      uint32_t wd[4][4];  // [k column 2t, 2t+1, 2t+8, 2t+9][tile j]
+    uint32_t wd[4][4];  // [k column 2t, 2t+1, 2t+8, 2t+9][tile j]
 #pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const int m = 16 * ks + 2 * t + (c & 1) + 8 * (c >> 1);
-        const int slot = swab::slot_of(m);
-        const uint32_t row = kv + uint32_t(slot * Cfg::kRowStride) + col;
+    for (int c = 0; c < 4; ++c) {
+      const int m = 16 * ks + 2 * t + (c & 1) + 8 * (c >> 1);
+      const int slot = swab::slot_of(m);
+      const uint32_t row = kv + uint32_t(slot * Cfg::kRowStride) + col;
 #pragma unroll
-        for (int j = 0; j < 4; ++j) wd[c][j] = swab::lds32(row + uint32_t(128 * j));
-        if constexpr (kF16V) {
-          if (!((vmask >> slot) & 1)) wd[c][0] = wd[c][1] = wd[c][2] = wd[c][3] = 0u;
-        }
-      }
-      // m-tile 2j: bytes 0, 1 of the words (fragment rows g, g + 8); m-tile 2j + 1: bytes 2, 3
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        if constexpr (kF16V) {
-#pragma unroll
-          for (int hc = 0; hc < 2; ++hc) {  // k columns 2t, 2t+1 (registers 0, 1) | 2t+8, 2t+9 (2, 3)
-            uint32_t b01, b23;  // bytes (row c, row c + 1) of dims +0, +1 | +2, +3
-            asm("prmt.b32 %0, %1, %2, 0x5140;\n" : "=r"(b01) : "r"(wd[2 * hc][j]), "r"(wd[2 * hc + 1][j]));
-            asm("prmt.b32 %0, %1, %2, 0x7362;\n" : "=r"(b23) : "r"(wd[2 * hc][j]), "r"(wd[2 * hc + 1][j]));
-            a[2 * j][2 * hc] = swab::e4m3x2_f16x2<false>(b01);
-            a[2 * j][2 * hc + 1] = swab::e4m3x2_f16x2<true>(b01);
-            a[2 * j + 1][2 * hc] = swab::e4m3x2_f16x2<false>(b23);
-            a[2 * j + 1][2 * hc + 1] = swab::e4m3x2_f16x2<true>(b23);
-          }
-        } else {
-          a[2 * j][0] = swab::e4m3x2_bits<swab::kPair<0>>(wd[0][j], wd[1][j]);
-          a[2 * j][1] = swab::e4m3x2_bits<swab::kPair<1>>(wd[0][j], wd[1][j]);
-          a[2 * j][2] = swab::e4m3x2_bits<swab::kPair<0>>(wd[2][j], wd[3][j]);
-          a[2 * j][3] = swab::e4m3x2_bits<swab::kPair<1>>(wd[2][j], wd[3][j]);
-          a[2 * j + 1][0] = swab::e4m3x2_bits<swab::kPair<2>>(wd[0][j], wd[1][j]);
-          a[2 * j + 1][1] = swab::e4m3x2_bits<swab::kPair<3>>(wd[0][j], wd[1][j]);
-          a[2 * j + 1][2] = swab::e4m3x2_bits<swab::kPair<2>>(wd[2][j], wd[3][j]);
-          a[2 * j + 1][3] = swab::e4m3x2_bits<swab::kPair<3>>(wd[2][j], wd[3][j]);
-        }
-      }
-    };
-    auto issue = [&](int ks, uint32_t(&a)[8][4]) {
-      ptx::wgmma_fence();
-#pragma unroll
-      for (int mt = 0; mt < 8; ++mt) swab::wgmma_rs<kN, kF16V>(o[mt], a[mt], pd + (mt >> 1) * kOp + uint32_t(2 * ks), 1);
-      ptx::wgmma_commit();
-    };
-    if constexpr (Cfg::kDoubleA) {
-      uint32_t a[2][8][4];
-#pragma unroll
-      for (int ks = 0; ks < 4; ++ks) {
-        if (ks >= 2) {
-          ptx::wgmma_wait<1>();
-          swab::fence_a(a[ks & 1]);
-        }
-        convert(ks, a[ks & 1]);
-        if (ks == 3) ptx::mbar_arrive(empty);
-        issue(ks, a[ks & 1]);
-      }
-      ptx::wgmma_wait<0>();
-      swab::fence_a(a[0]);
-      swab::fence_a(a[1]);
-    } else {
-      uint32_t a[8][4];
-#pragma unroll
-      for (int ks = 0; ks < 4; ++ks) {
-        convert(ks, a);
-        if (ks == 3) ptx::mbar_arrive(empty);
-        issue(ks, a);
-        ptx::wgmma_wait<0>();
-        swab::fence_a(a);
+      for (int j = 0; j < 4; ++j) wd[c][j] = swab::lds32(row + uint32_t(128 * j));
+      if constexpr (kF16V) {
+        if (!((vmask >> slot) & 1)) wd[c][0] = wd[c][1] = wd[c][2] = wd[c][3] = 0u;
       }
     }
+    // m-tile 2j: bytes 0, 1 of the words (fragment rows g, g + 8); m-tile 2j + 1: bytes 2, 3
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      if constexpr (kF16V) {
+#pragma unroll
+        for (int hc = 0; hc < 2; ++hc) {  // k columns 2t, 2t+1 (registers 0, 1) | 2t+8, 2t+9 (2, 3)
+          uint32_t b01, b23;  // bytes (row c, row c + 1) of dims +0, +1 | +2, +3
+          asm("prmt.b32 %0, %1, %2, 0x5140;\n" : "=r"(b01) : "r"(wd[2 * hc][j]), "r"(wd[2 * hc + 1][j]));
+          asm("prmt.b32 %0, %1, %2, 0x7362;\n" : "=r"(b23) : "r"(wd[2 * hc][j]), "r"(wd[2 * hc + 1][j]));
+          a[2 * j][2 * hc] = swab::e4m3x2_f16x2<false>(b01);
+          a[2 * j][2 * hc + 1] = swab::e4m3x2_f16x2<true>(b01);
+          a[2 * j + 1][2 * hc] = swab::e4m3x2_f16x2<false>(b23);
+          a[2 * j + 1][2 * hc + 1] = swab::e4m3x2_f16x2<true>(b23);
+        }
+      } else {
+        a[2 * j][0] = swab::e4m3x2_bits<swab::kPair<0>>(wd[0][j], wd[1][j]);
+        a[2 * j][1] = swab::e4m3x2_bits<swab::kPair<1>>(wd[0][j], wd[1][j]);
+        a[2 * j][2] = swab::e4m3x2_bits<swab::kPair<0>>(wd[2][j], wd[3][j]);
+        a[2 * j][3] = swab::e4m3x2_bits<swab::kPair<1>>(wd[2][j], wd[3][j]);
+        a[2 * j + 1][0] = swab::e4m3x2_bits<swab::kPair<2>>(wd[0][j], wd[1][j]);
+        a[2 * j + 1][1] = swab::e4m3x2_bits<swab::kPair<3>>(wd[0][j], wd[1][j]);
+        a[2 * j + 1][2] = swab::e4m3x2_bits<swab::kPair<2>>(wd[2][j], wd[3][j]);
+        a[2 * j + 1][3] = swab::e4m3x2_bits<swab::kPair<3>>(wd[2][j], wd[3][j]);
+      }
+    }
+  }
+  // kPre: k-steps 0 and 1 were converted into a[0], a[1] before the softmax (SMLA_SM90_SWAPAB_SCHED=early).
+  template <bool kPre>
+  __device__ __forceinline__ static void pv(uint32_t kv, uint32_t p_base, int w, int g, int t, uint32_t empty,
+                                            uint64_t vmask, uint32_t (&a)[2][8][4], float (&o)[8][kNH]) {
+    static_assert(Cfg::kDoubleA, "P V runs two A register sets");
+    constexpr uint32_t kOp = uint32_t(Cfg::kOperandBytes >> 4);
+    const uint64_t pd = ptx::sw128_desc(p_base, 16, 1024);
+    auto issue = [&](int ks, uint32_t(&ak)[8][4]) {
+      ptx::wgmma_fence();
+#pragma unroll
+      for (int mt = 0; mt < 8; ++mt) swab::wgmma_rs<kN, kF16V>(o[mt], ak[mt], pd + (mt >> 1) * kOp + uint32_t(2 * ks), 1);
+      ptx::wgmma_commit();
+    };
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) {
+      if (ks >= 2) {
+        ptx::wgmma_wait<1>();
+        swab::fence_a(a[ks & 1]);
+      }
+      if (!kPre || ks >= 2) pv_convert(kv, w, g, t, vmask, ks, a[ks & 1]);
+      if (ks == 3) ptx::mbar_arrive(empty);
+      issue(ks, a[ks & 1]);
+    }
+    ptx::wgmma_wait<0>();
+    swab::fence_a(a[0]);
+    swab::fence_a(a[1]);
 #pragma unroll
     for (int mt = 0; mt < 8; ++mt) ptx::fence_operands(o[mt]);
   }
@@ -564,6 +555,11 @@ struct SwabConsumer {
       }
       float x[kNH];
       scores(kv, q_base, slot0, slot1, t, rope, x);
+      uint32_t va[2][8][4];  // P V's A registers (kEarlyV: k-steps 0, 1 converted here, under the softmax's latency)
+      if constexpr (kEarlyV) {
+        pv_convert(kv, warp, g, t, vmask, 0, va[0]);
+        pv_convert(kv, warp, g, t, vmask, 1, va[1]);
+      }
       // x[4 i + 2 r + e]: row m_r, head 8 i + 2 t + e. Scores in the log2 domain, masked rows -inf.
       float mx[kNB][2];
 #pragma unroll
@@ -668,7 +664,7 @@ struct SwabConsumer {
       }
       ptx::fence_proxy_async_smem();
       ptx::named_sync(bar_wg, 128);
-      pv(kv, ptx::smem_addr(s.p[c][0]), warp, g, t, ws_bar(s.empty[st]), vmask, o);
+      pv<kEarlyV>(kv, ptx::smem_addr(s.p[c][0]), warp, g, t, ws_bar(s.empty[st]), vmask, va, o);
     }
 
     // ---- merge the two consumers, then out / LSE (or the split's partials) from consumer 0.
@@ -773,7 +769,7 @@ struct SwabConsumer {
 // kDiag (timing only, wrong results; `SMLA_SM90_SWAPAB_DIAG`): 1 the rows' ring alone (consumers
 // release each stage at once), 2 the compute alone (the producer copies nothing). kBulk: the
 // one-warp bulk-copy producer instead of the warpgroup's cp.async.
-template <int kN, int kDiag, int kCvt, bool kBulk>
+template <int kN, int kDiag, int kCvt, bool kBulk, bool kEarlyV>
 __global__ void __launch_bounds__(SwabConfig<kN>::kThreads, 1) sparse_mla_swapab_kernel(const __grid_constant__ KernelParams p) {
   using Cfg = SwabConfig<kN>;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -804,13 +800,13 @@ __global__ void __launch_bounds__(SwabConfig<kN>::kThreads, 1) sparse_mla_swapab
   swab_load_q<kN, (kCvt >= 1)>(p, s, w, threadIdx.x);
   ptx::fence_proxy_async_smem();
   bar_sync(Bar::kConsumers, kConsumerThreads);
-  SwabConsumer<kN, kDiag, kCvt>::run(p, s, w, wg, wt);
+  SwabConsumer<kN, kDiag, kCvt, kEarlyV>::run(p, s, w, wg, wt);
 }
 
-template <int kN, int kDiag, int kCvt, bool kBulk>
+template <int kN, int kDiag, int kCvt, bool kBulk, bool kEarlyV = false>
 void launch_swapab_mode(const KernelParams& p, cudaStream_t stream) {
   using Cfg = SwabConfig<kN>;
-  auto* kernel = sparse_mla_swapab_kernel<kN, kDiag, kCvt, kBulk>;
+  auto* kernel = sparse_mla_swapab_kernel<kN, kDiag, kCvt, kBulk, kEarlyV>;
   static std::atomic<uint64_t> attribute_set{0};
   int dev = 0;
   SMLA_CHECK(cudaGetDevice(&dev) == cudaSuccess, "cudaGetDevice failed");
@@ -832,7 +828,8 @@ void launch_swapab_mode(const KernelParams& p, cudaStream_t stream) {
 // of two into f16's top binade; q elements below 2^-38 of the head's largest |q| flush to 0, below 2^-28
 // lose bits), instead of the bit moves; V still by bit moves (P bf16). =f16kv: V too by cvt, P in f16
 // times a running power of two per latent tile (the tile's largest row scale into [2^14, 2^15)).
-// SMLA_SM90_SWAPAB_RING=bulk: the one-warp bulk-copy producer.
+// SMLA_SM90_SWAPAB_RING=bulk: the one-warp bulk-copy producer. SMLA_SM90_SWAPAB_SCHED=early: P V's first two
+// k-steps converted right after S, before the softmax (their loads and bit moves fill its latency).
 inline std::string swapab_env(const char* name) {
   const char* e = std::getenv(name);
   return e != nullptr ? e : "";
@@ -855,6 +852,10 @@ inline bool swapab_bulk() {
   static const bool on = swapab_env("SMLA_SM90_SWAPAB_RING") == "bulk";
   return on;
 }
+inline bool swapab_early_v() {
+  static const bool on = swapab_env("SMLA_SM90_SWAPAB_SCHED") == "early";
+  return on;
+}
 
 // N = 16 (H <= 16). The diagnostic modes run the default conversion and ring only.
 template <int kN>
@@ -873,6 +874,7 @@ void launch_swapab(const KernelParams& p, cudaStream_t stream) {
   }
   if (cvt == 1) return launch_swapab_mode<kN, 0, 1, false>(p, stream);
   if (cvt == 2) return launch_swapab_mode<kN, 0, 2, false>(p, stream);
+  if (swapab_early_v()) return launch_swapab_mode<kN, 0, 0, false, true>(p, stream);
   launch_swapab_mode<kN, 0, 0, false>(p, stream);
 }
 
