@@ -305,19 +305,36 @@ __device__ __forceinline__ void swab_load_q(const KernelParams& p, typename Swab
                                             const WsBlock& w, int tid) {
   const int warp = tid >> 5, lane = tid & 31;
   const int dims = p.k_steps * 16;  // 576 or 512
+  // Lane l holds 8-dim units u = l, l + 32, l + 64 (< 72) of the head: all loads issued at once.
   for (int h = warp; h < kN; h += 8) {
     const bool head = h < p.num_heads;
     const uint16_t* ql = static_cast<const uint16_t*>(p.q) + w.t * p.q_stride_t + int64_t(h) * p.q_stride_h;
     const uint16_t* qr = p.q_rope != nullptr
                              ? static_cast<const uint16_t*>(p.q_rope) + w.t * p.q_rope_stride_t + int64_t(h) * p.q_rope_stride_h
                              : ql + kLatent;
-    auto qv = [&](int d) -> float {  // q[h][d] as float (0 past D or H)
-      if (!head || d >= dims) return 0.0f;
-      const uint16_t b = d < kLatent ? ql[d] : qr[d - kLatent];
-      return __uint_as_float(uint32_t(b) << 16);
+    uint32_t v[3][4];  // bf16 pairs of units lane, lane + 32, lane + 64
+#pragma unroll
+    for (int k = 0; k < 3; ++k) {
+      const int u = lane + 32 * k;
+      v[k][0] = v[k][1] = v[k][2] = v[k][3] = 0u;
+      if (!head || u >= kMaxDim / 8 || 8 * u >= dims) continue;
+      const uint16_t* src = u < kLatent / 8 ? ql + 8 * u : qr + 8 * (u - kLatent / 8);
+      if (p.q_vec16) {
+        const uint4 x = *reinterpret_cast<const uint4*>(src);
+        v[k][0] = x.x, v[k][1] = x.y, v[k][2] = x.z, v[k][3] = x.w;
+      } else {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) v[k][i] = uint32_t(src[2 * i]) | uint32_t(src[2 * i + 1]) << 16;
+      }
+    }
+    auto val = [&](int k, int i) {  // element i (0..7) of unit k as float
+      return __uint_as_float((i & 1) ? (v[k][i >> 1] & 0xffff0000u) : (v[k][i >> 1] << 16));
     };
     float amax = 0.0f;
-    for (int d = lane; d < kMaxDim; d += 32) amax = fmaxf(amax, fabsf(qv(d)));
+#pragma unroll
+    for (int k = 0; k < 3; ++k)
+#pragma unroll
+      for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(val(k, i)));
 #pragma unroll
     for (int o = 16; o >= 1; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
     // bit moves: |q| up to [2^64, 2^65) against K = value * 2^-120; f16 K: [2^14, 2^15) (f16's top binade)
@@ -327,12 +344,20 @@ __device__ __forceinline__ void swab_load_q(const KernelParams& p, typename Swab
     const float mul = swab::pow2(e);
     if (lane == 0) s.qfac[h] = p.scale_log2 * swab::pow2(kF16K ? -e : 120 - e);
     const uint32_t row = ptx::smem_addr(s.q) + uint32_t(h * 128);
-    for (int i = lane; i < 9 * 64; i += 32) {
-      const int c = i >> 6, kl = i & 63;
-      const float v = qv(64 * c + swab::dim_of(kl)) * mul;
-      const uint32_t bits = (kF16K && c < 8 ? ptx::Fp16::pack(v, 0.0f) : ptx::Bf16::pack(v, 0.0f)) & 0xffffu;
-      swab::sts16(row + uint32_t(c * SwabConfig<kN>::kOperandBytes + (((kl >> 3) ^ (h & 7)) << 4) + (kl & 7) * 2),
-                  uint16_t(bits));
+#pragma unroll
+    for (int k = 0; k < 3; ++k) {
+      const int u = lane + 32 * k;
+      if (u >= kMaxDim / 8) continue;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const int d = 8 * u + i, c = d >> 6, pd = d & 63;  // chunk, physical dim in it
+        // logical position of physical dim pd (dim_of's inverse): pd = 16 tt + 4 s + e + 2 hi
+        const int kl = 16 * ((pd >> 2) & 3) + 2 * (pd >> 4) + (pd & 1) + 8 * ((pd >> 1) & 1);
+        const float x = val(k, i) * mul;
+        const uint32_t bits = (kF16K && c < 8 ? ptx::Fp16::pack(x, 0.0f) : ptx::Bf16::pack(x, 0.0f)) & 0xffffu;
+        swab::sts16(row + uint32_t(c * SwabConfig<kN>::kOperandBytes + (((kl >> 3) ^ (h & 7)) << 4) + (kl & 7) * 2),
+                    uint16_t(bits));
+      }
     }
   }
 }
