@@ -404,19 +404,29 @@ struct SwabConsumer {
         }
       }
     };
-    auto issue = [&](int j, uint32_t(&a)[8][4], float(&acc)[kNH]) {
+    // kSplitS (with kEarlyV): the chain's two 64-dim chunks into two accumulators, issued alternately
+    // (two independent chains of 4 instead of one of 8), added before the scale.
+    constexpr bool kSplitS = kEarlyV;
+    auto issue = [&](int j, uint32_t(&a)[8][4], float(&acc)[2][kNH]) {
       ptx::wgmma_fence();
 #pragma unroll
-      for (int k = 0; k < 8; ++k)
-        swab::wgmma_rs<kN, kF16K>(acc, a[k], qd + (2 * j + (k >> 2)) * kChunk + uint32_t(2 * (k & 3)), k == 0 ? 0 : 1);
+      for (int i = 0; i < 8; ++i) {
+        const int k = kSplitS ? 4 * (i & 1) + (i >> 1) : i;  // split: k = 0, 4, 1, 5, ...
+        swab::wgmma_rs<kN, kF16K>(acc[kSplitS ? (k >> 2) : 0], a[k],
+                                  qd + (2 * j + (k >> 2)) * kChunk + uint32_t(2 * (k & 3)), (kSplitS ? (k & 3) : k) == 0 ? 0 : 1);
+      }
       ptx::wgmma_commit();
     };
-    auto add = [&](int j, float(&acc)[kNH]) {  // times the rows' scale of tile j
+    auto add = [&](int j, float(&acc)[2][kNH]) {  // times the rows' scale of tile j
       const float scl[2] = {__uint_as_float(swab::lds32(r0 + 512 + 4 * j)), __uint_as_float(swab::lds32(r1 + 512 + 4 * j))};
 #pragma unroll
-      for (int i = 0; i < kNH; ++i) x[i] = fmaf(acc[i], scl[(i >> 1) & 1], x[i]);
+      for (int i = 0; i < kNH; ++i) x[i] = fmaf(kSplitS ? acc[0][i] + acc[1][i] : acc[0][i], scl[(i >> 1) & 1], x[i]);
     };
-    float acc[2][kNH];
+    auto fence_acc = [&](float(&acc)[2][kNH]) {
+      ptx::fence_operands(acc[0]);
+      if constexpr (kSplitS) ptx::fence_operands(acc[1]);
+    };
+    float acc[2][2][kNH];
     if constexpr (Cfg::kDoubleA && !kF16V) {  // (f16 V: one A set here, or it spills)
       uint32_t a[2][8][4];
       convert(0, a[0]);
@@ -426,12 +436,12 @@ struct SwabConsumer {
         convert(j, a[j & 1]);
         issue(j, a[j & 1], acc[j & 1]);
         ptx::wgmma_wait<1>();
-        ptx::fence_operands(acc[(j - 1) & 1]);
+        fence_acc(acc[(j - 1) & 1]);
         swab::fence_a(a[(j - 1) & 1]);
         add(j - 1, acc[(j - 1) & 1]);
       }
       ptx::wgmma_wait<0>();
-      ptx::fence_operands(acc[1]);
+      fence_acc(acc[1]);
       swab::fence_a(a[1]);
       add(3, acc[1]);
     } else {
@@ -441,7 +451,7 @@ struct SwabConsumer {
         convert(j, a);
         issue(j, a, acc[0]);
         ptx::wgmma_wait<0>();
-        ptx::fence_operands(acc[0]);
+        fence_acc(acc[0]);
         swab::fence_a(a);
         add(j, acc[0]);
       }
@@ -456,15 +466,15 @@ struct SwabConsumer {
       for (int k = 0; k < 4; ++k) a[k][0] = v0[2 * k], a[k][1] = v1[2 * k], a[k][2] = v0[2 * k + 1], a[k][3] = v1[2 * k + 1];
       ptx::wgmma_fence();
 #pragma unroll
-      for (int k = 0; k < 4; ++k) swab::wgmma_rs<kN>(acc[0], a[k], qd + 8 * kChunk + uint32_t(2 * k), k == 0 ? 0 : 1);
+      for (int k = 0; k < 4; ++k) swab::wgmma_rs<kN>(acc[0][0], a[k], qd + 8 * kChunk + uint32_t(2 * k), k == 0 ? 0 : 1);
       ptx::wgmma_commit();
       ptx::wgmma_wait<0>();
-      ptx::fence_operands(acc[0]);
+      ptx::fence_operands(acc[0][0]);
       swab::fence_a(a);
       // the latent chains are in units of 2^(e_h - 120) (bit moves) or 2^e_h (f16 K), the RoPE's 2^e_h
       constexpr float kRope = kF16K ? 1.0f : 7.52316384526264e-37f;  // 2^-120
 #pragma unroll
-      for (int i = 0; i < kNH; ++i) x[i] = fmaf(acc[0][i], kRope, x[i]);
+      for (int i = 0; i < kNH; ++i) x[i] = fmaf(acc[0][0][i], kRope, x[i]);
     }
   }
 
@@ -854,7 +864,8 @@ void launch_swapab_mode(const KernelParams& p, cudaStream_t stream) {
 // lose bits), instead of the bit moves; V still by bit moves (P bf16). =f16kv: V too by cvt, P in f16
 // times a running power of two per latent tile (the tile's largest row scale into [2^14, 2^15)).
 // SMLA_SM90_SWAPAB_RING=bulk: the one-warp bulk-copy producer. SMLA_SM90_SWAPAB_SCHED=early: P V's first two
-// k-steps converted right after S, before the softmax (their loads and bit moves fill its latency).
+// k-steps converted right after S, before the softmax (their loads and bit moves fill its latency), and each
+// S chain split in two independent halves (kSplitS).
 inline std::string swapab_env(const char* name) {
   const char* e = std::getenv(name);
   return e != nullptr ? e : "";
