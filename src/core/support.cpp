@@ -89,8 +89,7 @@ Support supports_sm90_swapab(const Geometry& g, const DeviceInfo& dev) {
   if (auto s = sm90_common(g, dev); !s.ok()) return s;
   if (!swapab_enabled())
     return {kSwapAbByDefault ? "swapab is turned off by SMLA_SM90_SWAPAB=0; unset it to use it"
-                             : "swapab is opt-in (slower than h64.ws so far: docs/perf-history.md#s11-swapab); "
-                               "set SMLA_SM90_SWAPAB=1 to use it"};
+                             : "swapab is opt-in; set SMLA_SM90_SWAPAB=1 to use it"};
   if (g.format != KvFormat::kFP8DsMla) return {"swapab reads fp8_ds_mla rows only; use h64.ws for the other formats"};
   if (g.q_dtype != DType::kBF16) return {"swapab takes a bf16 q; use h64.ws for an e4m3 q"};
   if (resolve_score_precision(g) != ScorePrecision::kBF16)

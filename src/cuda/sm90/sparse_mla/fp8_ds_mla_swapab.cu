@@ -1,5 +1,5 @@
-// Instantiations: the swap-AB small-H kernel (swapab.cuh) for fp8_ds_mla rows and a bf16 q, N = 16
-// (H <= 16), with its opt-in conversion / ring variants and timing-only modes.
+// Instantiation: the swap-AB small-H kernel (swapab.cuh) for fp8_ds_mla rows and a bf16 q, N = 16
+// (H <= 16), with its two timing-only modes.
 #include "cuda/sm90/sparse_mla/swapab.cuh"
 
 namespace smla::cuda::sm90::sparse_mla {

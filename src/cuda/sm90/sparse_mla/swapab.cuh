@@ -1,12 +1,12 @@
-// SM90 sparse MLA, the small-H "swap AB" kernel for fp8_ds_mla rows and a bf16 q (H <= 32): the
-// rows, not the heads, are the wgmma M dimension, so N = H padded to 16 or 32 and nothing is padded
-// to 64 heads (docs/perf-history.md#s11-swapab: the paper bound and the runs).
+// SM90 sparse MLA, the small-H "swap AB" kernel for fp8_ds_mla rows and a bf16 q (H <= 16): the
+// rows, not the heads, are the wgmma M dimension, so N = 16 and nothing is padded to 64 heads
+// (docs/perf-history.md#s11-swapab: the paper bound, the runs, the variants tried).
 //
 // One block per (token, top-k split), 3 warpgroups:
-//   warpgroup 2 (one warp): the producer. One cp.async.bulk per valid 656-byte row into a ring of
-//     kStages raw stages (row stride 672 bytes: the bank spread of the loads below), completion on
-//     the stage's "full" mbarrier (expect_tx of the valid rows' bytes), the stage's valid-row mask
-//     in shared memory. Invalid or out-of-range entries are never read: their slot keeps stale
+//   warpgroup 2: the producer. 16-byte cp.async of each valid 656-byte row into a ring of kStages
+//     raw stages (row stride 672 bytes: the bank spread of the loads below), completion on the
+//     stage's "full" mbarrier (every thread's copies, and the stage's valid-row mask stored in
+//     shared memory). Invalid or out-of-range entries are never read: their slot keeps stale
 //     bytes, which the bit-move conversion turns into finite values and the softmax selects away.
 //   warpgroups 0 and 1: consumers of alternate tiles (tile i: consumer i % 2), each with its own O,
 //     max and sums, merged at the end through shared memory.
@@ -43,18 +43,20 @@ namespace smla::cuda::sm90::sparse_mla {
 
 template <int kN>
 struct SwabConfig {
-  static_assert(kN == 16 || kN == 32, "N of the swap-AB wgmma: 16 or 32 heads");
-  // Each stage must belong to one consumer (tiles alternate between the two): with an odd count a
-  // consumer could wait on a stage's phase two ahead of the one in flight (the parity aliases).
+  // N = 32 (H <= 32, three stages) ran slower than h64.ws and its odd stage count broke the ring
+  // (docs/perf-history.md#s11-swapab-run1): N = 16 only.
+  static_assert(kN == 16, "N of the swap-AB wgmma: 16 heads");
   static constexpr int kThreads = 3 * 128;
-  static constexpr int kConsumerRegs = kN == 16 ? 232 : 240;  // N = 32: O alone is 128 registers
-  static constexpr int kProducerRegs = kN == 16 ? 40 : 24;
-  static constexpr int kStages = kN == 16 ? 4 : 2;  // raw 64-row stages in the ring (even: see above)
+  static constexpr int kConsumerRegs = 232;
+  static constexpr int kProducerRegs = 40;
+  // Each stage belongs to one consumer (tiles alternate between the two, so the count is even):
+  // a stage shared in turn would let a consumer wait on a phase two ahead of the one in flight
+  // (an mbarrier's phase parity aliases).
+  static constexpr int kStages = 4;
   static constexpr int kRowStride = 672;            // bytes between rows of a stage (656 + 16: bank spread)
   static constexpr int kRowBytes = 656;             // an fp8_ds_mla row
   static constexpr int kStageBytes = kBlockK * kRowStride;
   static constexpr int kOperandBytes = kN * 128;  // one (kN heads x 64 k) bf16 swizzled B operand
-  static constexpr bool kDoubleA = kN == 16;      // two A register sets (next chain converted while one runs)
   struct SharedStorage {
     alignas(1024) uint8_t q[9][kOperandBytes];     // Q^T: chunk c (dims 64c.., 8 = RoPE) of kN heads, permuted
     alignas(1024) uint8_t p[2][4][kOperandBytes];  // [consumer][latent tile j] P^T * scale_j * 2^56
@@ -64,8 +66,6 @@ struct SwabConfig {
     float red_m[2][2][4][kN];                       // [consumer][tile parity][warp][head] partial max
     float red_l[2][4][kN];                          // [consumer][warp][head] final partial sums
     float fin_m[kN];                                // consumer 1's final max
-    float red_sc[2][2][4][4];                       // f16 V: [consumer][parity][warp][j] largest row scale
-    int fin_k[4];                                   // f16 V: consumer 1's P exponent per latent tile j
     uint64_t full[kStages];
     uint64_t empty[kStages];
   };
@@ -78,15 +78,6 @@ struct SwabConfig {
 namespace swab {
 
 // ---- PTX of this kernel only.
-__device__ __forceinline__ void bulk_g2s(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
-               "l"(src), "r"(bytes), "r"(bar)
-               : "memory");
-}
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}\n" ::"r"(bar), "r"(bytes)
-               : "memory");
-}
 __device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, const uint32_t (&r)[4]) {
   asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r[0]),
                "r"(r[1]), "r"(r[2]), "r"(r[3])
@@ -122,54 +113,14 @@ inline constexpr uint32_t kSelLo = 0x9180u, kSelHi = 0xB3A2u;
 template <int k>
 inline constexpr uint32_t kPair = uint32_t(k) | uint32_t(8 | k) << 4 | uint32_t(4 + k) << 8 | uint32_t(8 | (4 + k)) << 12;
 
-// D(64 x kN, fp32) (+)= A(64 x 16, registers) B(16 x kN, K-major smem), bf16 (kF16 = false) or f16.
-template <int kN, bool kF16 = false>
-__device__ __forceinline__ void wgmma_rs(float (&d)[kN / 2], const uint32_t (&a)[4], uint64_t desc_b, int scale_d);
-template <>
-__device__ __forceinline__ void wgmma_rs<16, false>(float (&d)[8], const uint32_t (&a)[4], uint64_t desc_b, int scale_d) {
+// D(64 x 16, fp32) (+)= A(64 x 16 bf16, registers) B(16 x 16 bf16, K-major smem).
+__device__ __forceinline__ void wgmma_rs16(float (&d)[8], const uint32_t (&a)[4], uint64_t desc_b, int scale_d) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, "
       "p, 1, 1, 0;\n}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
-}
-template <>
-__device__ __forceinline__ void wgmma_rs<16, true>(float (&d)[8], const uint32_t (&a)[4], uint64_t desc_b, int scale_d) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, "
-      "p, 1, 1, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
-}
-template <>
-__device__ __forceinline__ void wgmma_rs<32, false>(float (&d)[16], const uint32_t (&a)[4], uint64_t desc_b, int scale_d) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, "
-      "%13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
-        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
-}
-template <>
-__device__ __forceinline__ void wgmma_rs<32, true>(float (&d)[16], const uint32_t (&a)[4], uint64_t desc_b, int scale_d) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, "
-      "%13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
-        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
-}
-// Bytes 0, 1 (kHi = false) or 2, 3 of w, two e4m3 values, as an f16x2 (exact; the e4m3 NaN code gives NaN).
-template <bool kHi>
-__device__ __forceinline__ uint32_t e4m3x2_f16x2(uint32_t w) {
-  uint32_t r;
-  const uint16_t h = kHi ? uint16_t(w >> 16) : uint16_t(w & 0xffffu);
-  asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(r) : "h"(h));
-  return r;
 }
 
 template <int N>
@@ -202,7 +153,7 @@ __device__ __forceinline__ float pow2(int e) { return __int_as_float((127 + e) <
 // lane 0 of each warp also arrives after storing its rows' valid bits. L2 fetches are 256 bytes
 // except where that would run past the row (s7-l2).
 template <int kN, int kDiag>
-__device__ __forceinline__ void swab_produce_cp(const KernelParams& p, typename SwabConfig<kN>::SharedStorage& s,
+__device__ __forceinline__ void swab_produce(const KernelParams& p, typename SwabConfig<kN>::SharedStorage& s,
                                                 const WsBlock& w, int wt) {
   using Cfg = SwabConfig<kN>;
   const int c = wt & 7, grp = wt >> 3, warp = wt >> 5, lane = wt & 31;
@@ -254,53 +205,10 @@ __device__ __forceinline__ void swab_produce_cp(const KernelParams& p, typename 
   }
 }
 
-// ---- the producer as one warp, one bulk copy per valid row (SMLA_SM90_SWAPAB_RING=bulk; slower: the
-// copies of 656 bytes went at ~65 cycles each per SM, docs/perf-history.md#s11-swapab).
-template <int kN, int kDiag>
-__device__ __forceinline__ void swab_produce_bulk(const KernelParams& p, typename SwabConfig<kN>::SharedStorage& s,
-                                                  const WsBlock& w, int lane) {
-  using Cfg = SwabConfig<kN>;
-  const uint32_t row_bytes = uint32_t(p.raw_chunks) * 16u;
-  int rows[2];
-  auto fetch = [&](int tile) {
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int e = w.begin + tile * kBlockK + lane + 32 * i;
-      rows[i] = (tile < w.num_tiles && e < w.end) ? __ldg(w.idx_row + e) : -1;
-    }
-  };
-  fetch(0);
-  for (int tile = 0; tile < w.num_tiles; ++tile) {
-    const int st = tile % Cfg::kStages;
-    const uint32_t parity = ((tile / Cfg::kStages) & 1) ^ 1;
-    bool ok[2];
-    int64_t off[2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      ok[i] = rows[i] >= 0 && rows[i] < p.num_rows;
-      off[i] = ok[i] ? int64_t(rows[i]) * p.kv_row_stride_bytes : 0;
-    }
-    fetch(tile + 1);  // the next tile's ids load while this one's copies go out
-    const uint32_t b0 = __ballot_sync(0xffffffffu, ok[0]), b1 = __ballot_sync(0xffffffffu, ok[1]);
-    ptx::mbar_wait(ws_bar(s.empty[st]), parity);
-    const uint32_t full = ws_bar(s.full[st]);
-    if (lane == 0) {
-      s.valid[st][0] = uint64_t(b0) | uint64_t(b1) << 32;
-      s.valid[st][1] = s.valid[st][2] = s.valid[st][3] = 0;
-      swab::mbar_arrive_expect_tx(full, kDiag == 2 ? 0u : uint32_t(__popc(b0) + __popc(b1)) * row_bytes);
-    }
-    __syncwarp();
-    const uint32_t base = ptx::smem_addr(s.kv[st]);
-#pragma unroll
-    for (int i = 0; i < 2; ++i)
-      if (ok[i] && kDiag != 2) swab::bulk_g2s(base + uint32_t((lane + 32 * i) * Cfg::kRowStride), p.kv + off[i], row_bytes, full);
-  }
-}
-
 // ---- Q^T into shared memory (both consumers, 256 threads): head h's 576 dims times 2^e_h in the
 // permuted order, bf16, the 128-byte swizzle of a K-major operand (rows = heads); heads past H and
 // (D = 512) the RoPE chunk zero. qfac[h] = scale_log2 * 2^(120 - e_h).
-template <int kN, bool kF16K>
+template <int kN>
 __device__ __forceinline__ void swab_load_q(const KernelParams& p, typename SwabConfig<kN>::SharedStorage& s,
                                             const WsBlock& w, int tid) {
   const int warp = tid >> 5, lane = tid & 31;
@@ -337,12 +245,11 @@ __device__ __forceinline__ void swab_load_q(const KernelParams& p, typename Swab
       for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(val(k, i)));
 #pragma unroll
     for (int o = 16; o >= 1; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    // bit moves: |q| up to [2^64, 2^65) against K = value * 2^-120; f16 K: [2^14, 2^15) (f16's top binade)
+    // |q| up to [2^64, 2^65) against K's bits = value * 2^-120
     int e = 0;
-    if (amax > 0.0f && amax < INFINITY)
-      e = kF16K ? min(max(14 - ilogbf(amax), -112), 126) : min(max(64 - ilogbf(amax), -7), 126);
+    if (amax > 0.0f && amax < INFINITY) e = min(max(64 - ilogbf(amax), -7), 126);
     const float mul = swab::pow2(e);
-    if (lane == 0) s.qfac[h] = p.scale_log2 * swab::pow2(kF16K ? -e : 120 - e);
+    if (lane == 0) s.qfac[h] = p.scale_log2 * swab::pow2(120 - e);
     const uint32_t row = ptx::smem_addr(s.q) + uint32_t(h * 128);
 #pragma unroll
     for (int k = 0; k < 3; ++k) {
@@ -354,7 +261,7 @@ __device__ __forceinline__ void swab_load_q(const KernelParams& p, typename Swab
         // logical position of physical dim pd (dim_of's inverse): pd = 16 tt + 4 s + e + 2 hi
         const int kl = 16 * ((pd >> 2) & 3) + 2 * (pd >> 4) + (pd & 1) + 8 * ((pd >> 1) & 1);
         const float x = val(k, i) * mul;
-        const uint32_t bits = (kF16K && c < 8 ? ptx::Fp16::pack(x, 0.0f) : ptx::Bf16::pack(x, 0.0f)) & 0xffffu;
+        const uint32_t bits = ptx::Bf16::pack(x, 0.0f) & 0xffffu;
         swab::sts16(row + uint32_t(c * SwabConfig<kN>::kOperandBytes + (((kl >> 3) ^ (h & 7)) << 4) + (kl & 7) * 2),
                     uint16_t(bits));
       }
@@ -363,9 +270,8 @@ __device__ __forceinline__ void swab_load_q(const KernelParams& p, typename Swab
 }
 
 // ---- a consumer warpgroup: tiles c, c + 2, ...; its O^T (latent dims x kN heads) in registers.
-template <int kN, int kDiag, int kCvt, bool kEarlyV = false>
+template <int kN, int kDiag>
 struct SwabConsumer {
-  static constexpr bool kF16K = kCvt >= 1, kF16V = kCvt == 2;  // f16 K (and V) by cvt, else bit moves
   using Cfg = SwabConfig<kN>;
   using Smem = typename Cfg::SharedStorage;
   static constexpr int kNH = kN / 2;  // accumulator registers of an m64nN product
@@ -390,151 +296,101 @@ struct SwabConsumer {
         swab::lds128(u1, r1 + off);
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
-          if constexpr (kF16K) {
-            a[4 * cc + k][0] = swab::e4m3x2_f16x2<false>(u0[k]);
-            a[4 * cc + k][1] = swab::e4m3x2_f16x2<false>(u1[k]);
-            a[4 * cc + k][2] = swab::e4m3x2_f16x2<true>(u0[k]);
-            a[4 * cc + k][3] = swab::e4m3x2_f16x2<true>(u1[k]);
-          } else {
-            a[4 * cc + k][0] = swab::e4m3x2_bits<swab::kSelLo>(u0[k], u0[k]);
-            a[4 * cc + k][1] = swab::e4m3x2_bits<swab::kSelLo>(u1[k], u1[k]);
-            a[4 * cc + k][2] = swab::e4m3x2_bits<swab::kSelHi>(u0[k], u0[k]);
-            a[4 * cc + k][3] = swab::e4m3x2_bits<swab::kSelHi>(u1[k], u1[k]);
-          }
+          a[4 * cc + k][0] = swab::e4m3x2_bits<swab::kSelLo>(u0[k], u0[k]);
+          a[4 * cc + k][1] = swab::e4m3x2_bits<swab::kSelLo>(u1[k], u1[k]);
+          a[4 * cc + k][2] = swab::e4m3x2_bits<swab::kSelHi>(u0[k], u0[k]);
+          a[4 * cc + k][3] = swab::e4m3x2_bits<swab::kSelHi>(u1[k], u1[k]);
         }
       }
     };
-    // kSplitS (with kEarlyV): the chain's two 64-dim chunks into two accumulators, issued alternately
-    // (two independent chains of 4 instead of one of 8), added before the scale.
-    constexpr bool kSplitS = kEarlyV;
-    auto issue = [&](int j, uint32_t(&a)[8][4], float(&acc)[2][kNH]) {
+    auto issue = [&](int j, uint32_t(&a)[8][4], float(&acc)[kNH]) {
       ptx::wgmma_fence();
 #pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const int k = kSplitS ? 4 * (i & 1) + (i >> 1) : i;  // split: k = 0, 4, 1, 5, ...
-        swab::wgmma_rs<kN, kF16K>(acc[kSplitS ? (k >> 2) : 0], a[k],
-                                  qd + (2 * j + (k >> 2)) * kChunk + uint32_t(2 * (k & 3)), (kSplitS ? (k & 3) : k) == 0 ? 0 : 1);
-      }
+      for (int k = 0; k < 8; ++k)
+        swab::wgmma_rs16(acc, a[k], qd + (2 * j + (k >> 2)) * kChunk + uint32_t(2 * (k & 3)), k == 0 ? 0 : 1);
       ptx::wgmma_commit();
     };
-    auto add = [&](int j, float(&acc)[2][kNH]) {  // times the rows' scale of tile j
+    auto add = [&](int j, float(&acc)[kNH]) {  // times the rows' scale of tile j
       const float scl[2] = {__uint_as_float(swab::lds32(r0 + 512 + 4 * j)), __uint_as_float(swab::lds32(r1 + 512 + 4 * j))};
 #pragma unroll
-      for (int i = 0; i < kNH; ++i) x[i] = fmaf(kSplitS ? acc[0][i] + acc[1][i] : acc[0][i], scl[(i >> 1) & 1], x[i]);
+      for (int i = 0; i < kNH; ++i) x[i] = fmaf(acc[i], scl[(i >> 1) & 1], x[i]);
     };
-    auto fence_acc = [&](float(&acc)[2][kNH]) {
-      ptx::fence_operands(acc[0]);
-      if constexpr (kSplitS) ptx::fence_operands(acc[1]);
-    };
-    float acc[2][2][kNH];
-    if constexpr (Cfg::kDoubleA && !kF16V) {  // (f16 V: one A set here, or it spills)
-      uint32_t a[2][8][4];
-      convert(0, a[0]);
-      issue(0, a[0], acc[0]);
+    // Two A register sets: chain j + 1 is converted while chain j runs.
+    float acc[2][kNH];
+    uint32_t a[2][8][4];
+    convert(0, a[0]);
+    issue(0, a[0], acc[0]);
 #pragma unroll
-      for (int j = 1; j < 4; ++j) {
-        convert(j, a[j & 1]);
-        issue(j, a[j & 1], acc[j & 1]);
-        ptx::wgmma_wait<1>();
-        fence_acc(acc[(j - 1) & 1]);
-        swab::fence_a(a[(j - 1) & 1]);
-        add(j - 1, acc[(j - 1) & 1]);
-      }
-      ptx::wgmma_wait<0>();
-      fence_acc(acc[1]);
-      swab::fence_a(a[1]);
-      add(3, acc[1]);
-    } else {
-      uint32_t a[8][4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        convert(j, a);
-        issue(j, a, acc[0]);
-        ptx::wgmma_wait<0>();
-        fence_acc(acc[0]);
-        swab::fence_a(a);
-        add(j, acc[0]);
-      }
+    for (int j = 1; j < 4; ++j) {
+      convert(j, a[j & 1]);
+      issue(j, a[j & 1], acc[j & 1]);
+      ptx::wgmma_wait<1>();
+      ptx::fence_operands(acc[(j - 1) & 1]);
+      swab::fence_a(a[(j - 1) & 1]);
+      add(j - 1, acc[(j - 1) & 1]);
     }
+    ptx::wgmma_wait<0>();
+    ptx::fence_operands(acc[1]);
+    swab::fence_a(a[1]);
+    add(3, acc[1]);
     if (rope) {  // bf16 RoPE at bytes 528..655: lane t's dims [16 t, 16 t + 16), 2 per word
-      uint32_t v0[8], v1[8], a[4][4];
+      uint32_t v0[8], v1[8], ar[4][4];
       swab::lds128(*reinterpret_cast<uint32_t(*)[4]>(&v0[0]), r0 + 528 + 32 * t);
       swab::lds128(*reinterpret_cast<uint32_t(*)[4]>(&v0[4]), r0 + 544 + 32 * t);
       swab::lds128(*reinterpret_cast<uint32_t(*)[4]>(&v1[0]), r1 + 528 + 32 * t);
       swab::lds128(*reinterpret_cast<uint32_t(*)[4]>(&v1[4]), r1 + 544 + 32 * t);
 #pragma unroll
-      for (int k = 0; k < 4; ++k) a[k][0] = v0[2 * k], a[k][1] = v1[2 * k], a[k][2] = v0[2 * k + 1], a[k][3] = v1[2 * k + 1];
+      for (int k = 0; k < 4; ++k) ar[k][0] = v0[2 * k], ar[k][1] = v1[2 * k], ar[k][2] = v0[2 * k + 1], ar[k][3] = v1[2 * k + 1];
       ptx::wgmma_fence();
 #pragma unroll
-      for (int k = 0; k < 4; ++k) swab::wgmma_rs<kN>(acc[0][0], a[k], qd + 8 * kChunk + uint32_t(2 * k), k == 0 ? 0 : 1);
+      for (int k = 0; k < 4; ++k) swab::wgmma_rs16(acc[0], ar[k], qd + 8 * kChunk + uint32_t(2 * k), k == 0 ? 0 : 1);
       ptx::wgmma_commit();
       ptx::wgmma_wait<0>();
-      ptx::fence_operands(acc[0][0]);
-      swab::fence_a(a);
-      // the latent chains are in units of 2^(e_h - 120) (bit moves) or 2^e_h (f16 K), the RoPE's 2^e_h
-      constexpr float kRope = kF16K ? 1.0f : 7.52316384526264e-37f;  // 2^-120
+      ptx::fence_operands(acc[0]);
+      swab::fence_a(ar);
+      // the latent chains are in units of 2^(e_h - 120), the RoPE's 2^e_h
+      constexpr float k2m120 = 7.52316384526264e-37f;  // 2^-120
 #pragma unroll
-      for (int i = 0; i < kNH; ++i) x[i] = fmaf(acc[0][0][i], kRope, x[i]);
+      for (int i = 0; i < kNH; ++i) x[i] = fmaf(acc[0][i], k2m120, x[i]);
     }
   }
 
   // O^T += V^T P^T for the tile in stage `kv`: lane (w, g, t) holds dims 128 j + 4 (8 w + g) + 2 h + r
   // (m-tile mt = 2 j + h, fragment row g + 8 r) and reads 4 bytes of each of its 16 rows per tile j.
   // Arrives on `empty` once its last load is done (A lives in registers).
-  // f16 V: the words of masked rows are zeroed (their stale bytes may hold the e4m3 NaN code, and NaN
-  // times P's 0 is NaN; the bit moves never make NaN).
-  __device__ __forceinline__ static void pv_convert(uint32_t kv, int w, int g, int t, uint64_t vmask, int ks,
-                                                    uint32_t (&a)[8][4]) {
+  // (Masked rows' stale bytes are converted too: the bit moves never make NaN or inf, and their P is 0.)
+  __device__ __forceinline__ static void pv_convert(uint32_t kv, int w, int g, int t, int ks, uint32_t (&a)[8][4]) {
     const uint32_t col = uint32_t(4 * (8 * w + g));
     uint32_t wd[4][4];  // [k column 2t, 2t+1, 2t+8, 2t+9][tile j]
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
       const int m = 16 * ks + 2 * t + (c & 1) + 8 * (c >> 1);
-      const int slot = swab::slot_of(m);
-      const uint32_t row = kv + uint32_t(slot * Cfg::kRowStride) + col;
+      const uint32_t row = kv + uint32_t(swab::slot_of(m) * Cfg::kRowStride) + col;
 #pragma unroll
       for (int j = 0; j < 4; ++j) wd[c][j] = swab::lds32(row + uint32_t(128 * j));
-      if constexpr (kF16V) {
-        if (!((vmask >> slot) & 1)) wd[c][0] = wd[c][1] = wd[c][2] = wd[c][3] = 0u;
-      }
     }
     // m-tile 2j: bytes 0, 1 of the words (fragment rows g, g + 8); m-tile 2j + 1: bytes 2, 3
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      if constexpr (kF16V) {
-#pragma unroll
-        for (int hc = 0; hc < 2; ++hc) {  // k columns 2t, 2t+1 (registers 0, 1) | 2t+8, 2t+9 (2, 3)
-          uint32_t b01, b23;  // bytes (row c, row c + 1) of dims +0, +1 | +2, +3
-          asm("prmt.b32 %0, %1, %2, 0x5140;\n" : "=r"(b01) : "r"(wd[2 * hc][j]), "r"(wd[2 * hc + 1][j]));
-          asm("prmt.b32 %0, %1, %2, 0x7362;\n" : "=r"(b23) : "r"(wd[2 * hc][j]), "r"(wd[2 * hc + 1][j]));
-          a[2 * j][2 * hc] = swab::e4m3x2_f16x2<false>(b01);
-          a[2 * j][2 * hc + 1] = swab::e4m3x2_f16x2<true>(b01);
-          a[2 * j + 1][2 * hc] = swab::e4m3x2_f16x2<false>(b23);
-          a[2 * j + 1][2 * hc + 1] = swab::e4m3x2_f16x2<true>(b23);
-        }
-      } else {
-        a[2 * j][0] = swab::e4m3x2_bits<swab::kPair<0>>(wd[0][j], wd[1][j]);
-        a[2 * j][1] = swab::e4m3x2_bits<swab::kPair<1>>(wd[0][j], wd[1][j]);
-        a[2 * j][2] = swab::e4m3x2_bits<swab::kPair<0>>(wd[2][j], wd[3][j]);
-        a[2 * j][3] = swab::e4m3x2_bits<swab::kPair<1>>(wd[2][j], wd[3][j]);
-        a[2 * j + 1][0] = swab::e4m3x2_bits<swab::kPair<2>>(wd[0][j], wd[1][j]);
-        a[2 * j + 1][1] = swab::e4m3x2_bits<swab::kPair<3>>(wd[0][j], wd[1][j]);
-        a[2 * j + 1][2] = swab::e4m3x2_bits<swab::kPair<2>>(wd[2][j], wd[3][j]);
-        a[2 * j + 1][3] = swab::e4m3x2_bits<swab::kPair<3>>(wd[2][j], wd[3][j]);
-      }
+      a[2 * j][0] = swab::e4m3x2_bits<swab::kPair<0>>(wd[0][j], wd[1][j]);
+      a[2 * j][1] = swab::e4m3x2_bits<swab::kPair<1>>(wd[0][j], wd[1][j]);
+      a[2 * j][2] = swab::e4m3x2_bits<swab::kPair<0>>(wd[2][j], wd[3][j]);
+      a[2 * j][3] = swab::e4m3x2_bits<swab::kPair<1>>(wd[2][j], wd[3][j]);
+      a[2 * j + 1][0] = swab::e4m3x2_bits<swab::kPair<2>>(wd[0][j], wd[1][j]);
+      a[2 * j + 1][1] = swab::e4m3x2_bits<swab::kPair<3>>(wd[0][j], wd[1][j]);
+      a[2 * j + 1][2] = swab::e4m3x2_bits<swab::kPair<2>>(wd[2][j], wd[3][j]);
+      a[2 * j + 1][3] = swab::e4m3x2_bits<swab::kPair<3>>(wd[2][j], wd[3][j]);
     }
   }
-  // kPre: k-steps 0 and 1 were converted into a[0], a[1] before the softmax (SMLA_SM90_SWAPAB_SCHED=early).
-  template <bool kPre>
   __device__ __forceinline__ static void pv(uint32_t kv, uint32_t p_base, int w, int g, int t, uint32_t empty,
-                                            uint64_t vmask, uint32_t (&a)[2][8][4], float (&o)[8][kNH]) {
-    static_assert(Cfg::kDoubleA, "P V runs two A register sets");
+                                            float (&o)[8][kNH]) {
+    uint32_t a[2][8][4];  // two A register sets: k-step ks + 1 is converted while ks runs
     constexpr uint32_t kOp = uint32_t(Cfg::kOperandBytes >> 4);
     const uint64_t pd = ptx::sw128_desc(p_base, 16, 1024);
     auto issue = [&](int ks, uint32_t(&ak)[8][4]) {
       ptx::wgmma_fence();
 #pragma unroll
-      for (int mt = 0; mt < 8; ++mt) swab::wgmma_rs<kN, kF16V>(o[mt], ak[mt], pd + (mt >> 1) * kOp + uint32_t(2 * ks), 1);
+      for (int mt = 0; mt < 8; ++mt) swab::wgmma_rs16(o[mt], ak[mt], pd + (mt >> 1) * kOp + uint32_t(2 * ks), 1);
       ptx::wgmma_commit();
     };
 #pragma unroll
@@ -543,7 +399,7 @@ struct SwabConsumer {
         ptx::wgmma_wait<1>();
         swab::fence_a(a[ks & 1]);
       }
-      if (!kPre || ks >= 2) pv_convert(kv, w, g, t, vmask, ks, a[ks & 1]);
+      pv_convert(kv, w, g, t, ks, a[ks & 1]);
       if (ks == 3) ptx::mbar_arrive(empty);
       issue(ks, a[ks & 1]);
     }
@@ -574,8 +430,6 @@ struct SwabConsumer {
 #pragma unroll
     for (int i = 0; i < kNB; ++i) m_run[i][0] = m_run[i][1] = -INFINITY, l_run[i][0] = l_run[i][1] = 0.0f;
     constexpr float k2p56 = 72057594037927936.0f;
-    constexpr int kUnset = 1000;  // f16 V: no valid row seen yet in latent tile j
-    int kexp[4] = {kUnset, kUnset, kUnset, kUnset};
     const uint32_t q_base = ptx::smem_addr(s.q);
     int iter = 0;
     for (int tile = c; tile < w.num_tiles; tile += 2, ++iter) {
@@ -590,11 +444,6 @@ struct SwabConsumer {
       }
       float x[kNH];
       scores(kv, q_base, slot0, slot1, t, rope, x);
-      uint32_t va[2][8][4];  // P V's A registers (kEarlyV: k-steps 0, 1 converted here, under the softmax's latency)
-      if constexpr (kEarlyV) {
-        pv_convert(kv, warp, g, t, vmask, 0, va[0]);
-        pv_convert(kv, warp, g, t, vmask, 1, va[1]);
-      }
       // x[4 i + 2 r + e]: row m_r, head 8 i + 2 t + e. Scores in the log2 domain, masked rows -inf.
       float mx[kNB][2];
 #pragma unroll
@@ -617,33 +466,7 @@ struct SwabConsumer {
 #pragma unroll
           for (int e = 0; e < 2; ++e) s.red_m[c][par][warp][8 * i + 2 * t + e] = mx[i][e];
       }
-      if constexpr (kF16V) {  // the tile's largest valid row scale per j, for P's exponent
-        const float4 sc0 = swab::lds128f(kv + uint32_t(slot0 * Cfg::kRowStride) + 512);
-        const float4 sc1 = swab::lds128f(kv + uint32_t(slot1 * Cfg::kRowStride) + 512);
-        const float s0[4] = {sc0.x, sc0.y, sc0.z, sc0.w}, s1[4] = {sc1.x, sc1.y, sc1.z, sc1.w};
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          float v = fmaxf(v0 ? fabsf(s0[j]) : 0.0f, v1 ? fabsf(s1[j]) : 0.0f);
-#pragma unroll
-          for (int o2 = 16; o2 >= 1; o2 >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o2));
-          if (lane == 0) s.red_sc[c][par][warp][j] = v;
-        }
-      }
       ptx::named_sync(bar_wg, 128);
-      if constexpr (kF16V) {  // P^T_j = P * scale * 2^kexp[j]; a smaller exponent rescales O's tile j
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const float v = fmaxf(fmaxf(s.red_sc[c][par][0][j], s.red_sc[c][par][1][j]),
-                                fmaxf(s.red_sc[c][par][2][j], s.red_sc[c][par][3][j]));
-          const int need = v > 0.0f && v < INFINITY ? min(max(14 - ilogbf(v), -100), 100) : kUnset;
-          if (need < kexp[j]) {  // (kUnset: no valid row yet; O's tile j is 0 then)
-            const float fk = kexp[j] == kUnset ? 1.0f : swab::pow2(max(need - kexp[j], -126));
-#pragma unroll
-            for (int i = 0; i < kNH; ++i) o[2 * j][i] *= fk, o[2 * j + 1][i] *= fk;
-            kexp[j] = need;
-          }
-        }
-      }
       float f[kNB][2];
       bool any_f = false;
 #pragma unroll
@@ -668,8 +491,8 @@ struct SwabConsumer {
 #pragma unroll
           for (int i = 0; i < kNH; ++i) o[mt][i] *= f[i >> 2][i & 1];
       }
-      // P^T * scale_j * 2^56 (f16 V: * 2^kexp[j]; 0 for masked rows: their stale scale is never
-      // multiplied) as the K-major B operand of tile j: stmatrix.trans of the (8 rows x 8 heads) blocks.
+      // P^T * scale_j * 2^56 (0 for masked rows: their stale scale is never multiplied) as the
+      // K-major B operand of tile j: stmatrix.trans of the (8 rows x 8 heads) blocks.
       {
         const float4 sc0 = swab::lds128f(kv + uint32_t(slot0 * Cfg::kRowStride) + 512);
         const float4 sc1 = swab::lds128f(kv + uint32_t(slot1 * Cfg::kRowStride) + 512);
@@ -678,8 +501,7 @@ struct SwabConsumer {
         // rows 16 warp + 8 r + 0..7: chunk 2 warp + r of the head's 128 bytes.
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-          const float pj = kF16V ? swab::pow2(kexp[j] == kUnset ? 0 : kexp[j]) : k2p56;
-          const float f0 = v0 ? s0[j] * pj : 0.0f, f1 = v1 ? s1[j] * pj : 0.0f;
+          const float f0 = v0 ? s0[j] * k2p56 : 0.0f, f1 = v1 ? s1[j] * k2p56 : 0.0f;
           const uint32_t pb = ptx::smem_addr(s.p[c][j]);
 #pragma unroll
           for (int q4 = 0; q4 < kNB / 2; ++q4) {  // matrices (ib, r) for ib = 2 q4, 2 q4 + 1
@@ -688,8 +510,7 @@ struct SwabConsumer {
             for (int k = 0; k < 4; ++k) {
               const int ib = 2 * q4 + (k >> 1), r = k & 1;
               const float fr = r ? f1 : f0;
-              r4[k] = kF16V ? ptx::Fp16::pack(x[4 * ib + 2 * r] * fr, x[4 * ib + 2 * r + 1] * fr)
-                            : ptx::Bf16::pack(x[4 * ib + 2 * r] * fr, x[4 * ib + 2 * r + 1] * fr);
+              r4[k] = ptx::Bf16::pack(x[4 * ib + 2 * r] * fr, x[4 * ib + 2 * r + 1] * fr);
             }
             const int mi = lane >> 3, ib = 2 * q4 + (mi >> 1), r = mi & 1;
             const int h = 8 * ib + (lane & 7);
@@ -699,7 +520,7 @@ struct SwabConsumer {
       }
       ptx::fence_proxy_async_smem();
       ptx::named_sync(bar_wg, 128);
-      pv<kEarlyV>(kv, ptx::smem_addr(s.p[c][0]), warp, g, t, ws_bar(s.empty[st]), vmask, va, o);
+      pv(kv, ptx::smem_addr(s.p[c][0]), warp, g, t, ws_bar(s.empty[st]), o);
     }
 
     // ---- merge the two consumers, then out / LSE (or the split's partials) from consumer 0.
@@ -716,10 +537,6 @@ struct SwabConsumer {
         if (g == 0) s.red_l[c][warp][8 * i + 2 * t + e] = l;
         if (c == 1 && warp == 0 && g == 0) s.fin_m[8 * i + 2 * t + e] = m_run[i][e];
       }
-    if (kF16V && c == 1 && wt == 0) {
-#pragma unroll
-      for (int j = 0; j < 4; ++j) s.fin_k[j] = kexp[j] == kUnset ? 0 : kexp[j];
-    }
     // Consumer 1's O^T to the (now idle: every tile's rows have landed and been read) stages.
     bar_sync(Bar::kConsumers, kConsumerThreads);
     float* ob = reinterpret_cast<float*>(s.kv);
@@ -731,10 +548,6 @@ struct SwabConsumer {
     }
     bar_sync(Bar::kConsumers, kConsumerThreads);
     if (c == 1) return;
-    // per latent tile j: what turns each consumer's accumulator into O (bit moves: P carried 2^56 and
-    // V 2^-120; f16 V: P carried 2^kexp[j])
-    auto mul_a = [&](int j) { return kF16V ? swab::pow2(-(kexp[j] == kUnset ? 0 : kexp[j])) : 1.0f; };
-    auto mul_b = [&](int j) { return kF16V ? swab::pow2(-s.fin_k[j]) : 1.0f; };
     float lse[kNB][2];
     bool hv[kNB][2];
 #pragma unroll
@@ -751,13 +564,14 @@ struct SwabConsumer {
         const float l = la * fa + lb * fb;
         float denom = l;
         if (p.num_splits == 1 && p.sink != nullptr && l > 0.0f && hv[i][e]) denom += exp2f(p.sink[h] * kLog2e - m);
-        const float sc = l > 0.0f ? p.out_scale * (kF16V ? 1.0f : 18446744073709551616.0f) / denom : 0.0f;  // 2^64
+        // O = 2^64 * accumulator (P carried 2^56, V 2^-120)
+        const float sc = l > 0.0f ? p.out_scale * 18446744073709551616.0f / denom : 0.0f;
 #pragma unroll
         for (int mt = 0; mt < 8; ++mt)
 #pragma unroll
           for (int k = 0; k < 2; ++k) {
             const int idx = 4 * i + 2 * k + e;
-            o[mt][idx] = (o[mt][idx] * (fa * mul_a(mt >> 1)) + ob[(mt * kNH + idx) * 128 + wt] * (fb * mul_b(mt >> 1))) * sc;
+            o[mt][idx] = (o[mt][idx] * fa + ob[(mt * kNH + idx) * 128 + wt] * fb) * sc;
           }
         lse[i][e] = l > 0.0f ? (m + log2f(l)) * kLn2 : -INFINITY;
       }
@@ -802,9 +616,8 @@ struct SwabConsumer {
 };
 
 // kDiag (timing only, wrong results; `SMLA_SM90_SWAPAB_DIAG`): 1 the rows' ring alone (consumers
-// release each stage at once), 2 the compute alone (the producer copies nothing). kBulk: the
-// one-warp bulk-copy producer instead of the warpgroup's cp.async.
-template <int kN, int kDiag, int kCvt, bool kBulk, bool kEarlyV>
+// release each stage at once), 2 the compute alone (the producer copies nothing).
+template <int kN, int kDiag>
 __global__ void __launch_bounds__(SwabConfig<kN>::kThreads, 1) sparse_mla_swapab_kernel(const __grid_constant__ KernelParams p) {
   using Cfg = SwabConfig<kN>;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -812,9 +625,8 @@ __global__ void __launch_bounds__(SwabConfig<kN>::kThreads, 1) sparse_mla_swapab
   const WsBlock w = block_work(p);
   if (threadIdx.x == 0) {
     for (int i = 0; i < Cfg::kStages; ++i) {
-      // bulk: the producer's arrive.expect_tx (+ the copies' bytes); cp.async: every producer thread's
-      // copies landed (128) and the 4 warps' valid bits stored
-      ptx::mbar_init(ws_bar(s.full[i]), kBulk ? 1 : 128 + 4);
+      // every producer thread's copies landed (128) and the 4 warps' valid bits stored
+      ptx::mbar_init(ws_bar(s.full[i]), 128 + 4);
       ptx::mbar_init(ws_bar(s.empty[i]), 128);  // the consuming warpgroup, once per tile
     }
     ptx::fence_mbar_init();
@@ -824,24 +636,20 @@ __global__ void __launch_bounds__(SwabConfig<kN>::kThreads, 1) sparse_mla_swapab
   const int wg = threadIdx.x / 128, wt = threadIdx.x % 128;
   if (wg == 2) {
     ptx::setmaxnreg_dec<Cfg::kProducerRegs>();
-    if constexpr (kBulk) {
-      if (wt < 32) swab_produce_bulk<kN, kDiag>(p, s, w, wt);
-    } else {
-      swab_produce_cp<kN, kDiag>(p, s, w, wt);
-    }
+    swab_produce<kN, kDiag>(p, s, w, wt);
     return;
   }
   ptx::setmaxnreg_inc<Cfg::kConsumerRegs>();
-  swab_load_q<kN, (kCvt >= 1)>(p, s, w, threadIdx.x);
+  swab_load_q<kN>(p, s, w, threadIdx.x);
   ptx::fence_proxy_async_smem();
   bar_sync(Bar::kConsumers, kConsumerThreads);
-  SwabConsumer<kN, kDiag, kCvt, kEarlyV>::run(p, s, w, wg, wt);
+  SwabConsumer<kN, kDiag>::run(p, s, w, wg, wt);
 }
 
-template <int kN, int kDiag, int kCvt, bool kBulk, bool kEarlyV = false>
+template <int kN, int kDiag>
 void launch_swapab_mode(const KernelParams& p, cudaStream_t stream) {
   using Cfg = SwabConfig<kN>;
-  auto* kernel = sparse_mla_swapab_kernel<kN, kDiag, kCvt, kBulk, kEarlyV>;
+  auto* kernel = sparse_mla_swapab_kernel<kN, kDiag>;
   static std::atomic<uint64_t> attribute_set{0};
   int dev = 0;
   SMLA_CHECK(cudaGetDevice(&dev) == cudaSuccess, "cudaGetDevice failed");
@@ -857,61 +665,25 @@ void launch_swapab_mode(const KernelParams& p, cudaStream_t stream) {
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
 }
 
-// Environment switches, read once (docs/perf-history.md#s11-swapab):
-// SMLA_SM90_SWAPAB_DIAG=rows|compute: the timing-only modes of kDiag, for `smla bench` (wrong results);
-// SMLA_SM90_SWAPAB_K=f16: K converted by cvt.rn.f16x2.e4m3x2 against an f16 q (q times a per-head power
-// of two into f16's top binade; q elements below 2^-38 of the head's largest |q| flush to 0, below 2^-28
-// lose bits), instead of the bit moves; V still by bit moves (P bf16). =f16kv: V too by cvt, P in f16
-// times a running power of two per latent tile (the tile's largest row scale into [2^14, 2^15)).
-// SMLA_SM90_SWAPAB_RING=bulk: the one-warp bulk-copy producer. SMLA_SM90_SWAPAB_SCHED=early: P V's first two
-// k-steps converted right after S, before the softmax (their loads and bit moves fill its latency), and each
-// S chain split in two independent halves (kSplitS).
-inline std::string swapab_env(const char* name) {
-  const char* e = std::getenv(name);
-  return e != nullptr ? e : "";
-}
+// SMLA_SM90_SWAPAB_DIAG=rows|compute (read once): the timing-only modes of kDiag, for `smla bench`
+// (wrong results; docs/perf-history.md#s11-swapab).
 inline int swapab_diag_mode() {
   static const int mode = [] {
-    const std::string v = swapab_env("SMLA_SM90_SWAPAB_DIAG");
+    const char* e = std::getenv("SMLA_SM90_SWAPAB_DIAG");
+    const std::string v = e != nullptr ? e : "";
     return v == "rows" ? 1 : v == "compute" ? 2 : 0;
   }();
   return mode;
 }
-inline int swapab_cvt_mode() {
-  static const int mode = [] {
-    const std::string v = swapab_env("SMLA_SM90_SWAPAB_K");
-    return v == "f16" ? 1 : v == "f16kv" ? 2 : 0;
-  }();
-  return mode;
-}
-inline bool swapab_bulk() {
-  static const bool on = swapab_env("SMLA_SM90_SWAPAB_RING") == "bulk";
-  return on;
-}
-inline bool swapab_early_v() {
-  static const bool on = swapab_env("SMLA_SM90_SWAPAB_SCHED") == "early";
-  return on;
-}
 
-// N = 16 (H <= 16). The diagnostic modes run the default conversion and ring only.
+// N = 16 (H <= 16).
 template <int kN>
 void launch_swapab(const KernelParams& p, cudaStream_t stream) {
-  static_assert(kN == 16, "swapab runs H <= 16");
   switch (swapab_diag_mode()) {
-    case 1: return launch_swapab_mode<kN, 1, 0, false>(p, stream);
-    case 2: return launch_swapab_mode<kN, 2, 0, false>(p, stream);
-    default: break;
+    case 1: return launch_swapab_mode<kN, 1>(p, stream);
+    case 2: return launch_swapab_mode<kN, 2>(p, stream);
+    default: return launch_swapab_mode<kN, 0>(p, stream);
   }
-  const int cvt = swapab_cvt_mode();
-  if (swapab_bulk()) {
-    if (cvt == 1) return launch_swapab_mode<kN, 0, 1, true>(p, stream);
-    if (cvt == 2) return launch_swapab_mode<kN, 0, 2, true>(p, stream);
-    return launch_swapab_mode<kN, 0, 0, true>(p, stream);
-  }
-  if (cvt == 1) return launch_swapab_mode<kN, 0, 1, false>(p, stream);
-  if (cvt == 2) return launch_swapab_mode<kN, 0, 2, false>(p, stream);
-  if (swapab_early_v()) return launch_swapab_mode<kN, 0, 0, false, true>(p, stream);
-  launch_swapab_mode<kN, 0, 0, false>(p, stream);
 }
 
 }  // namespace smla::cuda::sm90::sparse_mla
