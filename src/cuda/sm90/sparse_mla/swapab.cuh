@@ -150,11 +150,11 @@ __device__ __forceinline__ float pow2(int e) { return __int_as_float((127 + e) <
 // ---- the producer (the whole warpgroup): 16-byte cp.async, 8 threads per row (a warp writes four
 // rows' 128 contiguous bytes per instruction), rows grp + 16 i of the tile for thread (grp, c). Each
 // thread's copies arrive on the stage's "full" mbarrier when they land (cp.async.mbarrier.arrive),
-// lane 0 of each warp also arrives after storing its rows' valid bits. L2 fetches are 256 bytes
-// except where that would run past the row (s7-l2).
+// lane 0 of each warp also arrives after storing its rows' valid bits. L2 fetches are 256 bytes,
+// 128 for a row's last eight chunks (less of the next row pulled from DRAM: s7-l2).
 template <int kN, int kDiag>
 __device__ __forceinline__ void swab_produce(const KernelParams& p, typename SwabConfig<kN>::SharedStorage& s,
-                                                const WsBlock& w, int wt) {
+                                             const WsBlock& w, int wt) {
   using Cfg = SwabConfig<kN>;
   const int c = wt & 7, grp = wt >> 3, warp = wt >> 5, lane = wt & 31;
   const int chunks = p.raw_chunks;
@@ -188,7 +188,7 @@ __device__ __forceinline__ void swab_produce(const KernelParams& p, typename Swa
         const uint8_t* src = p.kv + int64_t(cur[i]) * p.kv_row_stride_bytes + 16 * c;
         const uint32_t dst = base + uint32_t(16 * i * Cfg::kRowStride);
 #pragma unroll
-        for (int k = 0; k < 6; ++k)  // chunks c, c + 8, ... < 41: the last one's L2 fetch 128 bytes
+        for (int k = 0; k < 6; ++k)  // chunks c, c + 8, ... (< 41)
           if (c + 8 * k < chunks) ptx::cp_async_16_zfill_l2(dst + 128 * k, src + 128 * k, true, c + 8 * k + 8 >= chunks);
       }
     }
