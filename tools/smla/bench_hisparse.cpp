@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
 #include <random>
@@ -156,10 +157,17 @@ int bench_hisparse(const Args& a) {
   constexpr int kBlock = 64;
   const int max_blocks = int((L + kBlock - 1) / kBlock);
 
+  // The same-binary A/B switches (each read once per process; unset = on): the attention as a
+  // programmatic dependent launch of the copy kernel, and the copy blocks' own reads.
+  auto env_on = [](const char* name) {
+    const char* v = std::getenv(name);
+    return v == nullptr || std::string(v) != "0";
+  };
   std::printf("smla bench --hisparse on %s (%d SMs): K = %d, H = %d, context %lld tokens per request, %d timed steps "
-              "per case%s\n",
+              "per case%s; SMLA_ATTN_PDL=%d SMLA_HISPARSE_EARLY=%d\n",
               dev.name.c_str(), dev.num_sms, K, H, (long long)L, reps,
-              late_copy ? "; --late-copy: host reads start after the resolver's end" : "");
+              late_copy ? "; --late-copy: host reads start after the resolver's end" : "", env_on("SMLA_ATTN_PDL") ? 1 : 0,
+              env_on("SMLA_HISPARSE_EARLY") ? 1 : 0);
   std::vector<std::string> json;
   for (KvFormat fmt : fmts) {
     const int rb = row_bytes(fmt, kRopeDim);

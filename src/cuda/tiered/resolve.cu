@@ -41,6 +41,8 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <climits>
+#include <cstdlib>
 #include <string>
 
 #include "../common/ptx.cuh"
@@ -72,6 +74,16 @@ constexpr int kCopyRoundUnroll = 8;
 constexpr int kCopyBlocksPerSm = 2;
 int copy_blocks_override = 0;        // set_tiered_copy_blocks_for_testing (0: the launcher's choice)
 bool copy_late = false;              // set_tiered_copy_late_for_testing: the first loads wait for the resolver's end
+int early_read_mode = 0;             // set_tiered_early_read_for_testing (0: SMLA_HISPARSE_EARLY decides)
+
+// SMLA_HISPARSE_EARLY (read once per process): 0 turns the copy blocks' own reads (copy_early) off.
+bool early_read_env() {
+  static const bool on = [] {
+    const char* v = std::getenv("SMLA_HISPARSE_EARLY");
+    return v == nullptr || std::string(v) != "0";
+  }();
+  return on;
+}
 
 // One missing row to copy: its host-pool row and its position (the slot it lands in is the final
 // position -> slot map's entry, which copy_kernel reads after the resolver's end).
@@ -112,6 +124,9 @@ struct ResolveParams {
   CopyJob* jobs;                // workspace: [max_requests, R] the rows to copy, in claim order
   uint32_t* copy_flags;         // state: [max_requests, kTieredCopyFlags] hand-off words, 0 between steps
   int copy_blocks_per_req;      // copy_kernel's blocks per request (<= kTieredCopyFlags): the flags raised
+  int early;                    // 1: the copy blocks read their own entries (copy_early); no job list is
+                                // written and a step with misses raises the flags right before its first
+                                // map write of a victim assignment (publish_before_assign)
 };
 
 using Scan = cub::BlockScan<int, kThreads>;
@@ -149,7 +164,8 @@ static_assert(sizeof(ResolveSmem<kItemsLarge>) <= 227 * 1024);
 // Host-pool row of a request-local position, or -1: logical_to_physical with one rank (the
 // device cache's paged rule), in 32-bit division (pos >= 0 and block_size >= 1 fit 32 bits, so
 // the rows are the same; index.h's int64 division is a ~70-instruction call per position).
-__device__ __forceinline__ int64_t pool_row_of(const ResolveParams& p, int req, int32_t pos) {
+template <class P>  // ResolveParams or CopyParams (the same block-table fields)
+__device__ __forceinline__ int64_t pool_row_of(const P& p, int req, int32_t pos) {
   if (pos < 0) return -1;
   const uint32_t bs = uint32_t(p.block_size);
   const uint32_t blk = uint32_t(pos) / bs, off = uint32_t(pos) - blk * bs;
@@ -171,6 +187,14 @@ __device__ __forceinline__ void load_pass(const int32_t* row, int first, int top
 #pragma unroll
     for (int u = 0; u < kIlp; ++u) pos[u] = first + u < topk ? row[first + u] : -1;
   }
+}
+
+// A load with acquire semantics at GPU scope: no later memory operation of the thread (nor, through
+// a block barrier, of its block) is performed before it.
+__device__ __forceinline__ int32_t ld_acquire(const int32_t* p) {
+  int32_t v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
 }
 
 // Entry classes: kInvalid (position < 0 or >= length), kNewest (length - 1, slot R - 1), kOld
@@ -288,8 +312,10 @@ __device__ void classify_entries(const ResolveParams& p, int r, int32_t len, uin
         if (claimed[u]) {
           const int idx = at + __popc(m & ((1u << lane) - 1));
           sm.miss[idx] = pos[u];
-          jobs[idx] = CopyJob{prow[u], pos[u]};  // the copy blocks start on these before the victims are known
-          wrote_jobs = true;
+          if (!p.early) {  // the copy blocks start on these before the victims are known
+            jobs[idx] = CopyJob{prow[u], pos[u]};
+            wrote_jobs = true;
+          }
         }
       }
 #pragma unroll
@@ -304,6 +330,19 @@ __device__ void classify_entries(const ResolveParams& p, int r, int32_t len, uin
   if ((threadIdx.x & 31) == 0) {
     if (errors) atomicAdd(&sm.errors, errors);
     if (newest) atomicExch(&sm.newest_used, 1);
+  }
+}
+
+// Early mode (p.early), a step with misses: the flags are raised right before the first map write of
+// the victim assignment, and each raising thread fences after its store (a block barrier then
+// precedes the map writes). A copy block that read its entries' map words and then (after its own
+// fence) still finds its flag 0 thus read them before any of those writes: every entry it saw
+// below 0 with a pool row is a claimed miss of this step, every other one a hit (copy_early).
+__device__ __forceinline__ void publish_before_assign(const ResolveParams& p, int r, int count) {
+  if (int(threadIdx.x) < p.copy_blocks_per_req) {
+    *reinterpret_cast<volatile uint32_t*>(p.copy_flags + int64_t(r) * kTieredCopyFlags + threadIdx.x) =
+        uint32_t(count) + 1u;
+    __threadfence();
   }
 }
 
@@ -390,6 +429,7 @@ __device__ void assign_slots_small(const ResolveParams& p, int r, uint32_t now, 
     for (int j = 0; j < n; ++j) rank += sm.sel[j] < x;
     sm.slot_of_rank[rank] = int32_t(x & ((1u << kSlotBits) - 1));
   }
+  if (p.early) publish_before_assign(p, r, n);
   __syncthreads();
   if (t < n) {
     int32_t* map = p.pos_slot + int64_t(r) * p.max_positions;
@@ -441,6 +481,10 @@ __device__ void assign_slots(const ResolveParams& p, int r, uint32_t now, Smem& 
     typename Smem::SortSlot(sm.sort_slot).Sort(key, 0, end_bit);
 #pragma unroll
     for (int k = 0; k < kItems; ++k) slot_of_rank[k] = int(key[k] & ((uint64_t(1) << kSlotBits) - 1));
+  }
+  if (p.early) {
+    publish_before_assign(p, r, num_miss);
+    __syncthreads();
   }
   int32_t* map = p.pos_slot + int64_t(r) * p.max_positions;
   int32_t* slot_pos = p.slot_pos + int64_t(r) * p.R;
@@ -586,8 +630,9 @@ __device__ __forceinline__ void resolve_body(const ResolveParams& p) {
     for (int u = 0; u < kIlp; ++u) pending[u] = now;
     classify_entries(p, r, len, now, sm, have_pre, pre, keep_pos, keep_slot, hits, pending);
     __syncthreads();
-    // The copy blocks start their host reads now; the victims, the map and the ids follow.
-    publish_misses(p, r, sm.num_miss);
+    // The copy blocks start their host reads now; the victims, the map and the ids follow. Early
+    // mode: they started already; a step with misses raises the flags in assign_slots.
+    if (!p.early || sm.num_miss == 0) publish_misses(p, r, sm.num_miss);
     if (sm.num_miss == 0 && sm.num_tokens == 1 && p.topk <= kThreads * kIlp) {
       write_row_from_regs(p, r, len, sm, keep_pos, keep_slot);
     } else {
@@ -640,6 +685,20 @@ struct CopyParams {
   uint8_t* hot;               // [max_requests * R rows]
   int64_t hot_stride;
   int late;                   // benchmark A/B only: 1 = no load before the resolver's end (s9's schedule)
+  // Early mode (copy_early): the block reads its own entries. The step's inputs, as the resolver has them:
+  int early;                  // 1: copy_early; 0: the job list
+  int force_late;             // tests only: every block takes copy_early's late path
+  const int32_t* positions;   // [T, K], row stride pos_stride_t
+  int64_t pos_stride_t;
+  int64_t num_tokens;
+  int topk;
+  const int32_t* req_of_token;  // nullable [T]
+  const int32_t* seq_lens;      // [num_reqs]
+  int64_t pool_rows;
+  const int32_t* block_table;
+  int64_t bt_stride;
+  int max_blocks, block_size;
+  int64_t block_stride_rows;
 };
 
 constexpr int kCopyThreads = 256;
@@ -687,6 +746,136 @@ __device__ __forceinline__ void copy_store(const CopyParams& c, const CopyJob* j
   }
 }
 
+// Early mode: the rows of a block's own entries, read before the resolver has chosen any victim.
+// Request r's token row is cut into blocks_per_req ranges of E = ceil(K / blocks_per_req) <= 256
+// entries (the launcher enables the mode only then), one entry per thread. Each block, resident
+// beside the resolve block from its start (a PDL launch):
+//   1. reads its entries' positions, the request's length, their map words and pool rows (the
+//      resolver's own classification: old = 0 <= pos < length - 1 with length <= max_positions;
+//      a miss is an old entry whose map word is < 0 (-1, or -2 once claimed) with a pool row);
+//   2. lists its misses in shared memory, fences, reads its flag (in_time: still 0), and loads the
+//      first round of those rows from host memory into registers;
+//   3. waits for its flag, clears it, waits for the resolver's end (griddepcontrol.wait) and
+//      stores each row to its position's final map slot; later rounds load and store in turn.
+// The resolver raises the flag before its first map write of a victim (publish_before_assign), so
+// an in-time block's map words were read before any of them: below 0 = a claimed miss of this step,
+// >= 0 = a hit whose slot does not change. A late block (its flag was up at the check: it started
+// late, or force_late) cannot tell a hit from a miss already placed; after the resolver's end it
+// copies every old entry with a pool row to its final slot (a hit's slot gets the bytes it already
+// holds: slots of this step's positions are never victims, and nothing else writes them now). The
+// map, stamps, ids and counters are the resolver's alone; duplicates of a position in two blocks
+// store the same bytes twice.
+__device__ __forceinline__ void copy_early_rounds(const CopyParams& c, const int32_t* map, uint8_t* hot,
+                                                  const int32_t* lpos, const int32_t* lrow, int total, bool loaded,
+                                                  CopyRound& rd) {
+  for (int base = int(threadIdx.x); base < total; base += kCopyThreads * kCopyRoundUnroll) {
+    if (!loaded) {
+#pragma unroll
+      for (int u = 0; u < kCopyRoundUnroll; ++u) {
+        const int i = base + u * kCopyThreads;
+        if (i < total)
+          rd.v[u] = *reinterpret_cast<const uint4*>(c.pool + int64_t(lrow[i / c.pieces]) * c.pool_stride +
+                                                    16 * (i % c.pieces));
+      }
+    }
+    loaded = false;
+    int32_t slot[kCopyRoundUnroll];
+#pragma unroll
+    for (int u = 0; u < kCopyRoundUnroll; ++u) {
+      const int i = base + u * kCopyThreads;
+      slot[u] = i < total ? __ldcg(map + lpos[i / c.pieces]) : -1;
+    }
+#pragma unroll
+    for (int u = 0; u < kCopyRoundUnroll; ++u) {
+      const int i = base + u * kCopyThreads;
+      if (slot[u] >= 0 && slot[u] < c.R - 1)
+        *reinterpret_cast<uint4*>(hot + int64_t(slot[u]) * c.hot_stride + 16 * (i % c.pieces)) = rd.v[u];
+    }
+  }
+}
+
+__device__ void copy_early(const CopyParams& c, int r, int part) {
+  __shared__ int s_token, s_n, s_late;
+  __shared__ int32_t s_pos[kCopyThreads], s_row[kCopyThreads];
+  const int t = int(threadIdx.x), lane = t & 31;
+  const int32_t len = c.seq_lens[r];  // r < num_reqs: the grid has num_reqs * blocks_per_req blocks
+  if (t == 0) s_token = c.req_of_token ? INT_MAX : (int64_t(r) < c.num_tokens ? r : -1), s_n = 0;
+  __syncthreads();
+  if (c.req_of_token) {  // one token per request (the launcher's rule); more are dropped by the resolver
+    for (int64_t i = t; i < c.num_tokens; i += kCopyThreads)
+      if (c.req_of_token[i] == r) atomicMin(&s_token, int(i));
+    __syncthreads();
+  }
+  const int token = s_token == INT_MAX ? -1 : s_token;
+  const int per_block = (c.topk + c.blocks_per_req - 1) / c.blocks_per_req;
+  const int j = part * per_block + t;
+  int32_t pos = -1;
+  if (token >= 0 && t < per_block && j < c.topk) pos = c.positions[int64_t(token) * c.pos_stride_t + j];
+  const int32_t* map = c.pos_slot + int64_t(r) * c.max_positions;
+  const bool old = int64_t(len) <= c.max_positions && pos >= 0 && pos < len - 1;
+  int32_t slot = 0, prow = -1;
+  if (old) {
+    slot = ld_acquire(map + pos);  // ordered before the flag read below (publish_before_assign)
+    prow = int32_t(pool_row_of(c, r, pos));
+  }
+  const bool miss = old && slot < 0 && prow >= 0;
+  {
+    const unsigned m = __ballot_sync(0xffffffffu, miss);
+    int at = 0;
+    if (m != 0 && lane == __ffs(m) - 1) at = atomicAdd(&s_n, __popc(m));
+    at = __shfl_sync(0xffffffffu, at, m != 0 ? __ffs(m) - 1 : 0);
+    if (miss) {
+      const int idx = at + __popc(m & ((1u << lane) - 1));
+      s_pos[idx] = pos, s_row[idx] = prow;
+    }
+  }
+  __syncthreads();
+  volatile uint32_t* flag = c.flags + int64_t(r) * kTieredCopyFlags + part;
+  uint32_t at_check = 0;
+  if (t == 0) at_check = *flag;
+  const int n = s_n;
+  uint8_t* hot = c.hot + int64_t(r) * c.R * c.hot_stride;
+  CopyRound rd;
+  const int total = n * c.pieces;
+#pragma unroll
+  for (int u = 0; u < kCopyRoundUnroll; ++u) {  // the first round, before any victim is known
+    const int i = t + u * kCopyThreads;
+    if (i < total)
+      rd.v[u] = *reinterpret_cast<const uint4*>(c.pool + int64_t(s_row[i / c.pieces]) * c.pool_stride +
+                                                16 * (i % c.pieces));
+  }
+  if (t == 0) {
+    uint32_t v;
+    while ((v = *flag) == 0) __nanosleep(64);
+    *flag = 0;  // this block is the flag's only reader: zero again for the next step
+    // The flag holds the request's miss count + 1: with no miss (an all-hit step, a request without
+    // tokens or dropped) there is nothing to store, however late the check was.
+    s_late = v == 1 ? 2 : (at_check != 0 || c.force_late) ? 1 : 0;
+  }
+  __syncthreads();
+  if (s_late == 2) {
+    ptx::pdl_wait();
+    return;
+  }
+  const bool late = s_late == 1;
+  if (late) {  // every old entry with a pool row, after the resolver's end
+    if (t == 0) s_n = 0;
+    __syncthreads();
+    const bool want = old && prow >= 0;
+    const unsigned m = __ballot_sync(0xffffffffu, want);
+    int at = 0;
+    if (m != 0 && lane == __ffs(m) - 1) at = atomicAdd(&s_n, __popc(m));
+    at = __shfl_sync(0xffffffffu, at, m != 0 ? __ffs(m) - 1 : 0);
+    if (want) {
+      const int idx = at + __popc(m & ((1u << lane) - 1));
+      s_pos[idx] = pos, s_row[idx] = prow;
+    }
+    __syncthreads();
+  }
+  ptx::pdl_wait();  // resolve_kernel's end: the map is final
+  copy_early_rounds(c, map, hot, s_pos, s_row, s_n * c.pieces, !late, rd);
+}
+
 // Copies the claimed rows: request blockIdx.x / blocks_per_req, the part blockIdx.x %
 // blocks_per_req of its 16-byte pieces (strided, kCopyRoundUnroll loads in flight per thread).
 // A PDL launch: the blocks are resident while resolve_kernel runs. Each waits for its own flag
@@ -696,7 +885,14 @@ __device__ __forceinline__ void copy_store(const CopyParams& c, const CopyJob* j
 // store in turn. No deadlock: the resolve blocks have all started (each triggers the launch at its
 // first instruction) and none waits for a copy block.
 __global__ void __launch_bounds__(kCopyThreads) copy_kernel(CopyParams c) {
+  // The attention (a PDL launch behind this kernel, launch_ws) may start its blocks on free SMs
+  // now; they wait for this grid's end, which follows the resolver's (every block waits for it).
+  ptx::pdl_launch_dependents();
   const int r = int(blockIdx.x) / c.blocks_per_req, part = int(blockIdx.x) % c.blocks_per_req;
+  if (c.early) {
+    copy_early(c, r, part);
+    return;
+  }
   __shared__ int s_count;
   if (threadIdx.x == 0) {
     volatile uint32_t* flag = c.flags + int64_t(r) * kTieredCopyFlags + part;
@@ -890,6 +1086,12 @@ void resolve_tiered(const TieredCache& cache, const TieredResolveParams& p, void
   if (copy_blocks_override > 0) blocks_per_req = std::min(copy_blocks_override, kTieredCopyFlags);
   k.copy_flags = reinterpret_cast<uint32_t*>(base + L.copy_flags);
   k.copy_blocks_per_req = blocks_per_req;
+  // Early mode (copy_early): one token per request (token t -> request t, or a request map with at
+  // most one token per request), and every entry of a token held by one copy thread. Depends on
+  // the call's shape only, like the grid.
+  const bool early_on = early_read_mode == 0 ? early_read_env() : early_read_mode >= 2;
+  k.early = early_on && !copy_late && (p.req_of_token == nullptr || c.max_tokens_per_request == 1) &&
+            int64_t(blocks_per_req) * kCopyThreads >= p.topk;
 
   // The attribute is set on every call: it belongs to the current device, and the call is cheap.
   if (c.hot_slots <= kThreads * kItemsSmall) {
@@ -914,6 +1116,11 @@ void resolve_tiered(const TieredCache& cache, const TieredResolveParams& p, void
   cp.R = c.hot_slots, cp.blocks_per_req = blocks_per_req, cp.pieces = pieces;
   cp.pool = k.pool, cp.pool_stride = k.pool_stride, cp.hot = k.hot, cp.hot_stride = k.hot_stride;
   cp.late = copy_late ? 1 : 0;
+  cp.early = k.early, cp.force_late = early_read_mode == 3 ? 1 : 0;
+  cp.positions = k.positions, cp.pos_stride_t = k.pos_stride_t, cp.num_tokens = k.num_tokens, cp.topk = k.topk;
+  cp.req_of_token = k.req_of_token, cp.seq_lens = k.seq_lens, cp.pool_rows = k.pool_rows;
+  cp.block_table = k.block_table, cp.bt_stride = k.bt_stride, cp.max_blocks = k.max_blocks;
+  cp.block_size = k.block_size, cp.block_stride_rows = k.block_stride_rows;
   // A PDL launch: its blocks become resident while resolve_kernel runs (every resolve block
   // triggers at its start), start their host reads at their flag and wait in pdl_wait() for its
   // end before storing, so no launch gap and no victim choice sits before the host reads.
@@ -932,6 +1139,7 @@ void resolve_tiered(const TieredCache& cache, const TieredResolveParams& p, void
 
 void set_tiered_copy_blocks_for_testing(int blocks_per_request) { copy_blocks_override = blocks_per_request; }
 void set_tiered_copy_late_for_testing(bool late) { copy_late = late; }
+void set_tiered_early_read_for_testing(int mode) { early_read_mode = mode; }
 
 void gather_rows_from_host(const void* src, int64_t src_stride, const int32_t* rows, int64_t n, void* dst,
                            int64_t dst_stride, int row_bytes, void* stream) {
