@@ -29,6 +29,13 @@
 // most kTieredCopyFlags, about 2 x #SMs blocks in all; up to kCopyRoundUnroll loads in flight per
 // thread per round.
 //
+// Early mode (s11, SMLA_HISPARSE_EARLY, on unless "0"; one token per request and a request's copy
+// blocks covering its K entries at one per thread): the copy blocks do not wait for a job list.
+// Each reads its own share of the token's entries (positions, map, block table) at its start and
+// issues the host reads of the misses it sees before the resolver has claimed anything; the
+// resolver writes no job list and raises the flags just before its first victim map write, which
+// tells a block whether its map reads came before every placement (copy_early).
+//
 // A step that hits everything is one pass over the entries with no sort; when its request has one
 // token of K <= kThreads * kIlp entries, the rows are written from the registers of that pass
 // (no second read of positions or map), and copy_kernel's blocks read a zero count from their
@@ -197,6 +204,13 @@ __device__ __forceinline__ int32_t ld_acquire(const int32_t* p) {
   return v;
 }
 
+// A relaxed store at GPU scope (the same instruction cost as a plain one): the map words of placed
+// misses, which copy_early's acquire loads may read (publish_before_assign's ordering argument needs
+// the observed write to be a strong one).
+__device__ __forceinline__ void st_relaxed(int32_t* p, int32_t v) {
+  asm volatile("st.relaxed.gpu.global.b32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+
 // Entry classes: kInvalid (position < 0 or >= length), kNewest (length - 1, slot R - 1), kOld
 // (everything else: a hot slot, found or copied; a miss whose position has no host-pool row is
 // an error and stays invalid, its map entry -1).
@@ -335,8 +349,8 @@ __device__ void classify_entries(const ResolveParams& p, int r, int32_t len, uin
 
 // Early mode (p.early), a step with misses: the flags are raised right before the first map write of
 // the victim assignment, and each raising thread fences after its store (a block barrier then
-// precedes the map writes). A copy block that read its entries' map words and then (after its own
-// fence) still finds its flag 0 thus read them before any of those writes: every entry it saw
+// precedes the map writes). A copy block that read its entries' map words (acquire loads) and then
+// still finds its flag 0 thus read them before any of those writes: every entry it saw
 // below 0 with a pool row is a claimed miss of this step, every other one a hit (copy_early).
 __device__ __forceinline__ void publish_before_assign(const ResolveParams& p, int r, int count) {
   if (int(threadIdx.x) < p.copy_blocks_per_req) {
@@ -438,7 +452,7 @@ __device__ void assign_slots_small(const ResolveParams& p, int r, uint32_t now, 
     const int sl = sm.slot_of_rank[t];
     const int32_t old = slot_pos[sl];
     if (old >= 0) map[old] = -1;
-    map[q] = sl, slot_pos[sl] = q, stamps[sl] = now;
+    st_relaxed(map + q, sl), slot_pos[sl] = q, stamps[sl] = now;
   }
 }
 
@@ -509,7 +523,7 @@ __device__ void assign_slots(const ResolveParams& p, int r, uint32_t now, Smem& 
       if (k < kItems && i < num_miss) {
         const int s = slot_of_rank[k];
         if (old[c] >= 0) map[old[c]] = -1;
-        map[q[c]] = s, slot_pos[s] = q[c], stamps[s] = now;
+        st_relaxed(map + q[c], s), slot_pos[s] = q[c], stamps[s] = now;
       }
     }
   }
@@ -753,8 +767,8 @@ __device__ __forceinline__ void copy_store(const CopyParams& c, const CopyJob* j
 //   1. reads its entries' positions, the request's length, their map words and pool rows (the
 //      resolver's own classification: old = 0 <= pos < length - 1 with length <= max_positions;
 //      a miss is an old entry whose map word is < 0 (-1, or -2 once claimed) with a pool row);
-//   2. lists its misses in shared memory, fences, reads its flag (in_time: still 0), and loads the
-//      first round of those rows from host memory into registers;
+//   2. lists its misses in shared memory, reads its flag after a block barrier (in time: still 0),
+//      and loads the first round of those rows from host memory into registers;
 //   3. waits for its flag, clears it, waits for the resolver's end (griddepcontrol.wait) and
 //      stores each row to its position's final map slot; later rounds load and store in turn.
 // The resolver raises the flag before its first map write of a victim (publish_before_assign), so
@@ -812,7 +826,7 @@ __device__ void copy_early(const CopyParams& c, int r, int part) {
   int32_t pos = -1;
   if (token >= 0 && t < per_block && j < c.topk) pos = c.positions[int64_t(token) * c.pos_stride_t + j];
   const int32_t* map = c.pos_slot + int64_t(r) * c.max_positions;
-  const bool old = int64_t(len) <= c.max_positions && pos >= 0 && pos < len - 1;
+  const bool old = int64_t(len) <= c.max_positions && pos >= 0 && int64_t(pos) < int64_t(len) - 1;
   int32_t slot = 0, prow = -1;
   if (old) {
     slot = ld_acquire(map + pos);  // ordered before the flag read below (publish_before_assign)
