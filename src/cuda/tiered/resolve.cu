@@ -71,6 +71,7 @@ constexpr int kSlotBits = 13;  // slot < 8192
 // A request's step with at most this many misses (and 32-bit LRU keys) picks its victims without
 // the two block sorts (assign_slots_small); more take the sorts.
 constexpr int kSmallMisses = 256;
+static_assert(kSmallMisses + kTieredCopyFlags <= kThreads, "publish_before_assign's threads are not ranking threads");
 constexpr int kIlp = 4;        // top-k entries per thread per pass (loads in flight)
 constexpr int kCopyUnroll = 16;  // 16-byte host loads in flight per thread: 64 KB per 256-thread block
 // copy_kernel: 16-byte host loads in flight per thread per round (8: 64 registers, 4 blocks per
@@ -352,10 +353,12 @@ __device__ void classify_entries(const ResolveParams& p, int r, int32_t len, uin
 // precedes the map writes). A copy block that read its entries' map words (acquire loads) and then
 // still finds its flag 0 thus read them before any of those writes: every entry it saw
 // below 0 with a pool row is a claimed miss of this step, every other one a hit (copy_early).
+// The raising threads are the block's last copy_blocks_per_req (<= 128): in assign_slots_small the
+// first n <= 256 threads rank the chosen keys meanwhile, so the fence's round trip runs beside them.
 __device__ __forceinline__ void publish_before_assign(const ResolveParams& p, int r, int count) {
-  if (int(threadIdx.x) < p.copy_blocks_per_req) {
-    *reinterpret_cast<volatile uint32_t*>(p.copy_flags + int64_t(r) * kTieredCopyFlags + threadIdx.x) =
-        uint32_t(count) + 1u;
+  const int i = int(threadIdx.x) - (kThreads - p.copy_blocks_per_req);
+  if (i >= 0) {
+    *reinterpret_cast<volatile uint32_t*>(p.copy_flags + int64_t(r) * kTieredCopyFlags + i) = uint32_t(count) + 1u;
     __threadfence();
   }
 }
@@ -437,13 +440,13 @@ __device__ void assign_slots_small(const ResolveParams& p, int r, uint32_t now, 
     if (chosen) sm.sel[at + __popc(m & ((1u << lane) - 1))] = key[k];
   }
   __syncthreads();
+  if (p.early) publish_before_assign(p, r, n);  // threads >= 384, beside the ranking below
   if (t < n) {
     const uint32_t x = sm.sel[t];
     int rank = 0;
     for (int j = 0; j < n; ++j) rank += sm.sel[j] < x;
     sm.slot_of_rank[rank] = int32_t(x & ((1u << kSlotBits) - 1));
   }
-  if (p.early) publish_before_assign(p, r, n);
   __syncthreads();
   if (t < n) {
     int32_t* map = p.pos_slot + int64_t(r) * p.max_positions;
