@@ -630,7 +630,7 @@ __device__ __forceinline__ void resolve_body(const ResolveParams& p) {
   // the token collection: the clock, the length, and (token t = request r when req_of_token is
   // null) the first classify pass of the request's positions.
   const uint32_t now = (r < p.num_reqs ? *clock : 0u) + 1;
-  const int32_t len = r < p.num_reqs ? p.seq_lens[r] : 0;
+  const int32_t len = r < p.num_reqs && p.num_tokens > 0 ? p.seq_lens[r] : 0;  // seq_lens may be null when T = 0
   const bool have_pre = !p.req_of_token && r < p.num_reqs && r < p.num_tokens;
   int32_t pre[kIlp];
   if (have_pre) {
@@ -815,7 +815,8 @@ __device__ void copy_early(const CopyParams& c, int r, int part) {
   __shared__ int s_token, s_n, s_late;
   __shared__ int32_t s_pos[kCopyThreads], s_row[kCopyThreads];
   const int t = int(threadIdx.x), lane = t & 31;
-  const int32_t len = c.seq_lens[r];  // r < num_reqs: the grid has num_reqs * blocks_per_req blocks
+  // r < num_reqs (the grid has num_reqs * blocks_per_req blocks); seq_lens may be null when T = 0.
+  const int32_t len = c.num_tokens > 0 ? c.seq_lens[r] : 0;
   if (t == 0) s_token = c.req_of_token ? INT_MAX : (int64_t(r) < c.num_tokens ? r : -1), s_n = 0;
   __syncthreads();
   if (c.req_of_token) {  // one token per request (the launcher's rule); more are dropped by the resolver
