@@ -25,5 +25,9 @@ void set_tiered_copy_late_for_testing(bool late);
 // 2 = on where the call's shape allows it, 3 = on and every copy block takes the late path (it
 // copies all its old entries after the resolver's end). Results are the same in every mode.
 void set_tiered_early_read_for_testing(int mode);
+// `smla bench --hisparse --phases` only: a device buffer of 16 uint64 that the following
+// resolve_tiered calls fill with %globaltimer stamps (resolve.cu's Phase; null: none). The caller
+// zeroes it (slot 8, the earliest copy block's start, to all ones) before each step.
+void set_tiered_phase_buffer_for_testing(uint64_t* stamps);
 
 }  // namespace smla::cuda

@@ -83,6 +83,17 @@ constexpr int kCopyBlocksPerSm = 2;
 int copy_blocks_override = 0;        // set_tiered_copy_blocks_for_testing (0: the launcher's choice)
 bool copy_late = false;              // set_tiered_copy_late_for_testing: the first loads wait for the resolver's end
 int early_read_mode = 0;             // set_tiered_early_read_for_testing (0: SMLA_HISPARSE_EARLY decides)
+uint64_t* phase_buffer = nullptr;    // set_tiered_phase_buffer_for_testing
+
+// SMLA_HISPARSE_TRIGGER (read once per process): 0 removes copy_kernel's griddepcontrol.launch_dependents
+// (a PDL-launched attention, SMLA_ATTN_PDL=1, then starts as the copy blocks exit).
+bool copy_trigger_env() {
+  static const bool on = [] {
+    const char* v = std::getenv("SMLA_HISPARSE_TRIGGER");
+    return v == nullptr || std::string(v) != "0";
+  }();
+  return on;
+}
 
 // SMLA_HISPARSE_EARLY (read once per process): 0 turns the copy blocks' own reads (copy_early) off.
 bool early_read_env() {
@@ -132,6 +143,7 @@ struct ResolveParams {
   CopyJob* jobs;                // workspace: [max_requests, R] the rows to copy, in claim order
   uint32_t* copy_flags;         // state: [max_requests, kTieredCopyFlags] hand-off words, 0 between steps
   int copy_blocks_per_req;      // copy_kernel's blocks per request (<= kTieredCopyFlags): the flags raised
+  uint64_t* phase;              // benchmark only, nullable: %globaltimer stamps (kPhase*), see phase_stamp
   int early;                    // 1: the copy blocks read their own entries (copy_early); no job list is
                                 // written and a step with misses raises the flags right before its first
                                 // map write of a victim assignment (publish_before_assign)
@@ -166,6 +178,10 @@ struct ResolveSmem {
   int num_sel;
   uint32_t sel[kSmallMisses];
   int32_t slot_of_rank[kSmallMisses];
+  // write_row_from_regs with misses: each thread's classify entries and map slots, kept here across
+  // the victim assignment (in registers they would cost the kernel its one-copy-block-beside fit).
+  int32_t keep_pos[kThreads * kIlp];
+  int32_t keep_slot[kThreads * kIlp];
 };
 static_assert(sizeof(ResolveSmem<kItemsLarge>) <= 227 * 1024);
 
@@ -203,6 +219,24 @@ __device__ __forceinline__ int32_t ld_acquire(const int32_t* p) {
   int32_t v;
   asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
   return v;
+}
+
+// `smla bench --hisparse --phases` only (set_tiered_phase_buffer_for_testing): %globaltimer stamps
+// of one step. Resolve block 0, thread 0 (slots 0-7), and over every copy block's thread 0 (8: the
+// earliest start; 9-12: the latest of each event).
+enum Phase {
+  kPhStart = 0, kPhTokens = 1, kPhClassified = 2, kPhAssigned = 3, kPhIds = 4, kPhEnd = 5, kPhSearched = 6,
+  kPhRanked = 7, kPhCopyStart = 8, kPhCopyLoads = 9, kPhCopyFlag = 10, kPhCopyWait = 11, kPhCopyEnd = 12
+};
+__device__ __forceinline__ void phase_stamp(uint64_t* ph, int slot) {
+  if (ph != nullptr && blockIdx.x == 0 && threadIdx.x == 0) ph[slot] = ptx::globaltimer();
+}
+__device__ __forceinline__ void phase_max(uint64_t* ph, int slot) {  // thread 0 of any copy block
+  if (ph != nullptr && threadIdx.x == 0) {
+    const unsigned long long t = ptx::globaltimer();
+    if (slot == kPhCopyStart) atomicMin(reinterpret_cast<unsigned long long*>(ph + slot), t);
+    else atomicMax(reinterpret_cast<unsigned long long*>(ph + slot), t);
+  }
 }
 
 // A relaxed store at GPU scope (the same instruction cost as a plain one): the map words of placed
@@ -428,6 +462,7 @@ __device__ void assign_slots_small(const ResolveParams& p, int r, uint32_t now, 
     if (total >= unsigned(n)) hi = mid;
     else lo = mid + 1;
   }
+  phase_stamp(p.phase, kPhSearched);
   // The n chosen keys (exactly those <= lo), then each one's rank among them.
 #pragma unroll
   for (int k = 0; k < kItems; ++k) {
@@ -448,6 +483,7 @@ __device__ void assign_slots_small(const ResolveParams& p, int r, uint32_t now, 
     sm.slot_of_rank[rank] = int32_t(x & ((1u << kSlotBits) - 1));
   }
   __syncthreads();
+  phase_stamp(p.phase, kPhRanked);
   if (t < n) {
     int32_t* map = p.pos_slot + int64_t(r) * p.max_positions;
     int32_t* slot_pos = p.slot_pos + int64_t(r) * p.R;
@@ -568,12 +604,16 @@ __device__ void write_rows(const ResolveParams& p, int r, int32_t len, Smem& sm)
   }
 }
 
-// Phase 3 for a step without a miss whose request has one token and K <= kThreads * kIlp: the
-// single classify pass left each thread's entries and their map slots in registers, and no map
-// entry changed since (a claim would have been a miss), so this writes what write_rows would.
+// Phase 3 for a request with one token and K <= kThreads * kIlp: the single classify pass left
+// each thread's entries and their map slots in registers. A slot found there (a hit) has not moved
+// since; without a miss in the step no map entry changed at all. With misses (reread) an old
+// entry whose slot was < 0 (its own claim, a duplicate's, or no pool row) takes its final map
+// entry, read again after the assignment; so this writes what write_rows would, without reading
+// the positions again.
 template <class Smem>
 __device__ void write_row_from_regs(const ResolveParams& p, int r, int32_t len, Smem& sm,
-                                    const int32_t (&pos)[kIlp], const int32_t (&map_slot)[kIlp]) {
+                                    const int32_t (&pos)[kIlp], const int32_t (&map_slot)[kIlp], bool reread) {
+  const int32_t* map = p.pos_slot + int64_t(r) * p.max_positions;
   const int64_t t = sm.tokens[0];
   int32_t* out = p.phys + t * p.phys_stride_t;
   int32_t phys[kIlp];
@@ -581,7 +621,7 @@ __device__ void write_row_from_regs(const ResolveParams& p, int r, int32_t len, 
 #pragma unroll
   for (int u = 0; u < kIlp; ++u) {
     const EntryKind k = classify(len, pos[u]);
-    const int32_t slot = k == kNewest ? p.R - 1 : k == kOld ? map_slot[u] : -1;
+    const int32_t slot = k == kNewest ? p.R - 1 : k != kOld ? -1 : reread && map_slot[u] < 0 ? map[pos[u]] : map_slot[u];
     phys[u] = slot >= 0 ? r * p.R + slot : -1;
     valid[u] = slot >= 0;
   }
@@ -626,6 +666,7 @@ __device__ __forceinline__ void resolve_body(const ResolveParams& p) {
   uint32_t* clock = p.stamps + int64_t(r) * p.R + (p.R - 1);
   // copy_kernel (a PDL launch) may start its blocks now; they wait for this grid's end.
   ptx::pdl_launch_dependents();
+  phase_stamp(p.phase, kPhStart);
   // The loads that need nothing from shared memory go out first, so that their latency overlaps
   // the token collection: the clock, the length, and (token t = request r when req_of_token is
   // null) the first classify pass of the request's positions.
@@ -637,6 +678,7 @@ __device__ __forceinline__ void resolve_body(const ResolveParams& p) {
     load_pass(p.positions + int64_t(r) * p.pos_stride_t, int(threadIdx.x) * kIlp, p.topk, pre);
   }
   collect_tokens(p, r, sm, len);
+  phase_stamp(p.phase, kPhTokens);
   const bool live = sm.num_tokens > 0 && !sm.bad;
   if (!live && r < p.num_reqs) publish_misses(p, r, 0);  // nothing to copy for this request
   if (live) {
@@ -647,17 +689,32 @@ __device__ __forceinline__ void resolve_body(const ResolveParams& p) {
     for (int u = 0; u < kIlp; ++u) pending[u] = now;
     classify_entries(p, r, len, now, sm, have_pre, pre, keep_pos, keep_slot, hits, pending);
     __syncthreads();
+    phase_stamp(p.phase, kPhClassified);
     // The copy blocks start their host reads now; the victims, the map and the ids follow. Early
     // mode: they started already; a step with misses raises the flags in assign_slots.
     if (!p.early || sm.num_miss == 0) publish_misses(p, r, sm.num_miss);
-    if (sm.num_miss == 0 && sm.num_tokens == 1 && p.topk <= kThreads * kIlp) {
-      write_row_from_regs(p, r, len, sm, keep_pos, keep_slot);
+    if (sm.num_tokens == 1 && p.topk <= kThreads * kIlp) {
+      const bool reread = sm.num_miss > 0;  // uniform
+      if (reread) {
+#pragma unroll
+        for (int u = 0; u < kIlp; ++u)
+          sm.keep_pos[u * kThreads + threadIdx.x] = keep_pos[u], sm.keep_slot[u * kThreads + threadIdx.x] = keep_slot[u];
+        assign_slots(p, r, now, sm);
+        __syncthreads();  // map writes of every thread are visible to the block; the scan reuses the union
+        phase_stamp(p.phase, kPhAssigned);
+#pragma unroll
+        for (int u = 0; u < kIlp; ++u)
+          keep_pos[u] = sm.keep_pos[u * kThreads + threadIdx.x], keep_slot[u] = sm.keep_slot[u * kThreads + threadIdx.x];
+      }
+      write_row_from_regs(p, r, len, sm, keep_pos, keep_slot, reread);
     } else {
       if (sm.num_miss > 0) assign_slots(p, r, now, sm);
       __syncthreads();  // map writes of every thread are visible to the block; the scan reuses the union
+      phase_stamp(p.phase, kPhAssigned);
       write_rows(p, r, len, sm);
     }
     count_hits(now, hits, pending, sm);  // the exchanges' round trip ran under the id write
+    phase_stamp(p.phase, kPhIds);
   } else if (sm.num_tokens > 0) {  // a dropped request: every one of its tokens comes out empty
     for (int64_t t = 0; t < p.num_tokens; ++t)
       if (req_of(p, t) == r) write_empty_row(p, t);
@@ -682,6 +739,7 @@ __device__ __forceinline__ void resolve_body(const ResolveParams& p) {
     if (sm.errors) atomicAdd(reinterpret_cast<unsigned long long*>(&p.ctr->errors), (unsigned long long)sm.errors);
     if (r == 0) atomicAdd(&p.ctr->clock, 1u);  // steps resolved
   }
+  phase_stamp(p.phase, kPhEnd);
 }
 
 // One kernel per sort size. Their launch bounds differ only so that ptxas allocates each without
@@ -705,6 +763,8 @@ struct CopyParams {
   // Early mode (copy_early): the block reads its own entries. The step's inputs, as the resolver has them:
   int early;                  // 1: copy_early; 0: the job list
   int force_late;             // tests only: every block takes copy_early's late path
+  int trigger;                // 1: griddepcontrol.launch_dependents at the start (SMLA_HISPARSE_TRIGGER)
+  uint64_t* phase;            // benchmark only, nullable: %globaltimer stamps (kPhase*)
   const int32_t* positions;   // [T, K], row stride pos_stride_t
   int64_t pos_stride_t;
   int64_t num_tokens;
@@ -862,6 +922,7 @@ __device__ void copy_early(const CopyParams& c, int r, int part) {
       rd.v[u] = *reinterpret_cast<const uint4*>(c.pool + int64_t(s_row[i / c.pieces]) * c.pool_stride +
                                                 16 * (i % c.pieces));
   }
+  phase_max(c.phase, kPhCopyLoads);
   if (t == 0) {
     uint32_t v;
     while ((v = *flag) == 0) __nanosleep(64);
@@ -870,9 +931,11 @@ __device__ void copy_early(const CopyParams& c, int r, int part) {
     // tokens or dropped) there is nothing to store, however late the check was.
     s_late = v == 1 ? 2 : (at_check != 0 || c.force_late) ? 1 : 0;
   }
+  phase_max(c.phase, kPhCopyFlag);
   __syncthreads();
   if (s_late == 2) {
     ptx::pdl_wait();
+    phase_max(c.phase, kPhCopyWait);
     return;
   }
   const bool late = s_late == 1;
@@ -891,6 +954,7 @@ __device__ void copy_early(const CopyParams& c, int r, int part) {
     __syncthreads();
   }
   ptx::pdl_wait();  // resolve_kernel's end: the map is final
+  phase_max(c.phase, kPhCopyWait);
   copy_early_rounds(c, map, hot, s_pos, s_row, s_n * c.pieces, !late, rd);
 }
 
@@ -905,10 +969,12 @@ __device__ void copy_early(const CopyParams& c, int r, int part) {
 __global__ void __launch_bounds__(kCopyThreads) copy_kernel(CopyParams c) {
   // The attention (a PDL launch behind this kernel, launch_ws) may start its blocks on free SMs
   // now; they wait for this grid's end, which follows the resolver's (every block waits for it).
-  ptx::pdl_launch_dependents();
+  if (c.trigger) ptx::pdl_launch_dependents();
+  phase_max(c.phase, kPhCopyStart);
   const int r = int(blockIdx.x) / c.blocks_per_req, part = int(blockIdx.x) % c.blocks_per_req;
   if (c.early) {
     copy_early(c, r, part);
+    phase_max(c.phase, kPhCopyEnd);
     return;
   }
   __shared__ int s_count;
@@ -920,6 +986,7 @@ __global__ void __launch_bounds__(kCopyThreads) copy_kernel(CopyParams c) {
     *flag = 0;        // this block is the flag's only reader: zero again for the next step
     s_count = int(v) - 1;
   }
+  phase_max(c.phase, kPhCopyFlag);
   __syncthreads();
   const int total = s_count * c.pieces;
   const CopyJob* jobs = c.jobs + int64_t(r) * c.R;
@@ -933,13 +1000,19 @@ __global__ void __launch_bounds__(kCopyThreads) copy_kernel(CopyParams c) {
   CopyRound rd;
   if (c.late) ptx::pdl_wait();
   copy_load(c, jobs, base, width, total, rd);  // before the victims are chosen
+  phase_max(c.phase, kPhCopyLoads);
   ptx::pdl_wait();  // resolve_kernel's end: map final (a no-op unless launched with PDL)
-  if (total == 0) return;
+  phase_max(c.phase, kPhCopyWait);
+  if (total == 0) {
+    phase_max(c.phase, kPhCopyEnd);
+    return;
+  }
   copy_store(c, jobs, map, hot, base, width, total, rd);
   for (base += width * kCopyRoundUnroll; base < total; base += width * kCopyRoundUnroll) {
     copy_load(c, jobs, base, width, total, rd);
     copy_store(c, jobs, map, hot, base, width, total, rd);
   }
+  phase_max(c.phase, kPhCopyEnd);
 }
 
 // One thread per named position: a hot one loses its slot. Duplicates write the same values.
@@ -1108,6 +1181,7 @@ void resolve_tiered(const TieredCache& cache, const TieredResolveParams& p, void
   // most one token per request), and every entry of a token held by one copy thread. Depends on
   // the call's shape only, like the grid.
   const bool early_on = early_read_mode == 0 ? early_read_env() : early_read_mode >= 2;
+  k.phase = phase_buffer;
   k.early = early_on && !copy_late && (p.req_of_token == nullptr || c.max_tokens_per_request == 1) &&
             int64_t(blocks_per_req) * kCopyThreads >= p.topk;
 
@@ -1135,6 +1209,7 @@ void resolve_tiered(const TieredCache& cache, const TieredResolveParams& p, void
   cp.pool = k.pool, cp.pool_stride = k.pool_stride, cp.hot = k.hot, cp.hot_stride = k.hot_stride;
   cp.late = copy_late ? 1 : 0;
   cp.early = k.early, cp.force_late = early_read_mode == 3 ? 1 : 0;
+  cp.trigger = copy_trigger_env() ? 1 : 0, cp.phase = phase_buffer;
   cp.positions = k.positions, cp.pos_stride_t = k.pos_stride_t, cp.num_tokens = k.num_tokens, cp.topk = k.topk;
   cp.req_of_token = k.req_of_token, cp.seq_lens = k.seq_lens, cp.pool_rows = k.pool_rows;
   cp.block_table = k.block_table, cp.bt_stride = k.bt_stride, cp.max_blocks = k.max_blocks;
@@ -1158,6 +1233,7 @@ void resolve_tiered(const TieredCache& cache, const TieredResolveParams& p, void
 void set_tiered_copy_blocks_for_testing(int blocks_per_request) { copy_blocks_override = blocks_per_request; }
 void set_tiered_copy_late_for_testing(bool late) { copy_late = late; }
 void set_tiered_early_read_for_testing(int mode) { early_read_mode = mode; }
+void set_tiered_phase_buffer_for_testing(uint64_t* stamps) { phase_buffer = stamps; }
 
 void gather_rows_from_host(const void* src, int64_t src_stride, const int32_t* rows, int64_t n, void* dst,
                            int64_t dst_stride, int row_bytes, void* stream) {

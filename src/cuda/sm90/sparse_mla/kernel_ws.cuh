@@ -103,12 +103,13 @@ __global__ void __launch_bounds__(WsConfig::kThreads, 1) sparse_mla_ws_kernel(co
   }
 }
 
-// SMLA_ATTN_PDL (read once per process): 0 launches the attention plainly, anything else (or
-// unset) as a programmatic dependent launch.
+// SMLA_ATTN_PDL (read once per process): 1 launches the attention as a programmatic dependent
+// launch; unset or anything else, plainly. Off by default: behind the HiSparse copy kernel it made
+// the all-hit decode step slower on the H200 (docs/perf-history.md s11-hisparse).
 inline bool attention_pdl_enabled() {
   static const bool on = [] {
     const char* v = std::getenv("SMLA_ATTN_PDL");
-    return v == nullptr || std::string(v) != "0";
+    return v != nullptr && std::string(v) == "1";
   }();
   return on;
 }
@@ -130,9 +131,9 @@ void launch_ws(const KernelParams& p, cudaStream_t stream) {
                                       std::to_string(kSmemBytes) + " bytes: " + cudaGetErrorString(ea));
     attribute_set.fetch_or(bit, std::memory_order_release);
   }
-  // A programmatic dependent launch of whatever kernel precedes it on the stream (the HiSparse
-  // copy kernel, the index conversion): its blocks may start on free SMs while that kernel ends and
-  // wait in pdl_wait() (docs/perf-history.md s11-hisparse). SMLA_ATTN_PDL=0: a plain launch.
+  // SMLA_ATTN_PDL=1: a programmatic dependent launch of whatever kernel precedes it on the stream
+  // (the HiSparse copy kernel, the index conversion): its blocks may start on free SMs while that
+  // kernel ends and wait in pdl_wait() (docs/perf-history.md s11-hisparse). Default: a plain launch.
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(unsigned(p.num_tokens * p.head_groups), 1, unsigned(p.num_splits));
   cfg.blockDim = dim3(Cfg::kThreads);
