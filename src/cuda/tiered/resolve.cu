@@ -182,6 +182,9 @@ struct ResolveSmem {
   // the victim assignment (in registers they would cost the kernel its one-copy-block-beside fit).
   int32_t keep_pos[kThreads * kIlp];
   int32_t keep_slot[kThreads * kIlp];
+  // assign_slots_small: each candidate slot's position (slot_pos), loaded beside its stamp, so the
+  // victims' old positions need no round trip after the choice.
+  int32_t slot_old[kKeys];
 };
 static_assert(sizeof(ResolveSmem<kItemsLarge>) <= 227 * 1024);
 
@@ -429,12 +432,15 @@ __device__ void assign_slots_small(const ResolveParams& p, int r, uint32_t now, 
   const int n = sm.num_miss;
   const int t = int(threadIdx.x), lane = t & 31, warp = t >> 5;
   uint32_t* stamps = p.stamps + int64_t(r) * p.R;
-  // The candidate keys (padding and slots stamped `now`: all ones, never chosen).
+  int32_t* slot_pos = p.slot_pos + int64_t(r) * p.R;
+  // The candidate keys (padding and slots stamped `now`: all ones, never chosen), and each slot's
+  // position beside its stamp (one round trip for both).
   uint32_t key[kItems];
 #pragma unroll
   for (int k = 0; k < kItems; ++k) {
     const int sl = t * kItems + k;
     const uint32_t st = sl < p.R - 1 ? stamps[sl] : now;
+    sm.slot_old[sl] = sl < p.R - 1 ? slot_pos[sl] : -1;
     key[k] = st != now ? (st << kSlotBits) | uint32_t(sl) : 0xffffffffu;
   }
   // Misses by position: rank = how many misses lie below (positions are distinct).
@@ -486,10 +492,9 @@ __device__ void assign_slots_small(const ResolveParams& p, int r, uint32_t now, 
   phase_stamp(p.phase, kPhRanked);
   if (t < n) {
     int32_t* map = p.pos_slot + int64_t(r) * p.max_positions;
-    int32_t* slot_pos = p.slot_pos + int64_t(r) * p.R;
     const int32_t q = sm.sorted_miss[t];
     const int sl = sm.slot_of_rank[t];
-    const int32_t old = slot_pos[sl];
+    const int32_t old = sm.slot_old[sl];
     if (old >= 0) map[old] = -1;
     st_relaxed(map + q, sl), slot_pos[sl] = q, stamps[sl] = now;
   }
