@@ -125,6 +125,7 @@ struct Step {
 
 struct StepMaker {
   int K, reqs, tpr;
+  bool all_active = false;  // every request has tpr tokens, in request order (req_of_token may be null)
   std::vector<int32_t> lens;
   std::vector<std::vector<int32_t>> prev;
   StepMaker(int K_, int reqs_, int tpr_, std::mt19937_64& rng, int32_t max_len)
@@ -137,8 +138,8 @@ struct StepMaker {
       if (lens[size_t(r)] < max_len) lens[size_t(r)] += 1;  // the token decoded last step
     s.lens = lens;
     for (int r = 0; r < reqs; ++r) {
-      if (rng() % 8 == 0) continue;  // a request idle this step
-      const int ntok = 1 + int(rng() % uint64_t(tpr));
+      if (!all_active && rng() % 8 == 0) continue;  // a request idle this step
+      const int ntok = all_active ? tpr : 1 + int(rng() % uint64_t(tpr));
       std::vector<int32_t> cur;
       for (int t = 0; t < ntok; ++t) {
         s.req_of.push_back(r);
@@ -308,6 +309,7 @@ std::vector<int32_t> resolve_cpu(Tiered& w, const Step& s, int K, std::vector<in
 struct Shape {
   int K = 100, reqs = 6, tpr = 2;
   int64_t max_positions = 700;
+  bool null_req_of = false;  // one token per request, every step, and req_of_token null on the GPU
 };
 
 // Runs `steps` decode steps for one format and checks resolution and attention each step.
@@ -329,6 +331,7 @@ void run_sequence(KvFormat f, int rope_dim, int steps, uint64_t seed, int hot_sl
   }
   std::mt19937_64 rng(seed ^ 0x9e3779b97f4a7c15ull);
   StepMaker mk(K, reqs, tpr, rng, int32_t(cfg.max_positions));
+  mk.all_active = shape.null_req_of;
   Attention att(f, rope_dim, K, int64_t(reqs) * tpr, rng);
   const int64_t maxT = int64_t(reqs) * tpr;
   int32_t* d_pos = dev_alloc<int32_t>(size_t(maxT) * K);
@@ -366,7 +369,8 @@ void run_sequence(KvFormat f, int rope_dim, int steps, uint64_t seed, int hot_sl
     CUDA_EXPECT(cudaMemset(d_phys, 0x7f, size_t(maxT) * K * 4));
     TieredResolveParams p = w.params(true);
     p.num_tokens = s.T(), p.positions = d_pos, p.pos_stride_t = K, p.topk = K;
-    p.req_of_token = d_req, p.seq_lens = d_lens, p.phys = d_phys, p.phys_stride_t = K, p.counts = d_counts;
+    p.req_of_token = shape.null_req_of ? nullptr : d_req;
+    p.seq_lens = d_lens, p.phys = d_phys, p.phys_stride_t = K, p.counts = d_counts;
     cuda::resolve_tiered(w.cache, p, nullptr);
     CUDA_EXPECT(cudaDeviceSynchronize());
     expect_same_resolution(w, s, d_phys, d_counts, phys, counts, step, fmt);
@@ -487,6 +491,53 @@ TEST(TieredGpu, FullTopkStepsMatch) {
   Shape many;
   many.K = 512, many.reqs = 40, many.tpr = 1, many.max_positions = 2048;
   run_sequence(KvFormat::kFP8DsMla, kRopeDim, 6, seed + 502, 0, 0, many);
+}
+
+// The copy blocks' own reads (early mode, resolve.cu's copy_early): one token per request, through
+// a request map and with req_of_token null, K = 2048 for one request (82 / 128 copy blocks of ~25 /
+// 16 entries) and K = 512 for 40 requests (the grid capped: 6 blocks of 86 entries each); steps
+// cycling 0 / 50 / 90 / 100 % reuse. Each shape runs with the mode off, on (blocks read their
+// entries before any victim is chosen, the usual case) and on with every block late (it copies all
+// of its old entries after the resolver's end): the same state, hot buffer, ids and attention bits.
+struct EarlyReadOverride {
+  explicit EarlyReadOverride(int mode) { cuda::set_tiered_early_read_for_testing(mode); }
+  ~EarlyReadOverride() { cuda::set_tiered_early_read_for_testing(0); }
+};
+
+TEST(TieredGpu, EarlyReadMatches) {
+  REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  Shape one;
+  one.K = 2048, one.reqs = 1, one.tpr = 1, one.max_positions = 16384;
+  Shape one_null = one;
+  one_null.null_req_of = true;
+  Shape many;
+  many.K = 512, many.reqs = 40, many.tpr = 1, many.max_positions = 2048;
+  Shape many_null = many;
+  many_null.null_req_of = true;
+  for (int mode : {1, 2, 3}) {
+    SCOPED_TRACE("early-read mode " + std::to_string(mode));
+    EarlyReadOverride o(mode);
+    run_sequence(KvFormat::kFP8DsMla, kRopeDim, 8, seed + 600 + uint64_t(mode), 0, 0, one);
+    run_sequence(KvFormat::kBF16, kRopeDim, 5, seed + 610 + uint64_t(mode), 0, 0, one_null);
+    run_sequence(KvFormat::kFP8DsMla, kRopeDim, 6, seed + 620 + uint64_t(mode), 0, 0, many_null);
+    run_sequence(KvFormat::kNvFP4DsMla, kRopeDim, 4, seed + 630 + uint64_t(mode), 0, 0, many);
+  }
+}
+
+// A small early-mode case for compute-sanitizer (racecheck / memcheck): 3 requests, K = 100,
+// every mode.
+TEST(TieredGpu, EarlyReadSmall) {
+  REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  Shape small;
+  small.K = 100, small.reqs = 3, small.tpr = 1, small.max_positions = 700, small.null_req_of = true;
+  for (int mode : {2, 3}) {
+    EarlyReadOverride o(mode);
+    run_sequence(KvFormat::kFP8DsMla, kRopeDim, 4, seed + 700 + uint64_t(mode), 0, 0, small);
+  }
 }
 
 // Resolve + attention captured once; the graph replays over new positions and lengths each step.

@@ -197,9 +197,10 @@ int cmd_bench(const Args& a) {
 #if SMLA_HAVE_CUDA
     for (const auto& [key, value] : a.kv)
       SMLA_CHECK(key == "hisparse" || key == "formats" || key == "B" || key == "reuse" || key == "topk" ||
-                     key == "heads" || key == "context" || key == "reps" || key == "json" || key == "late-copy",
+                     key == "heads" || key == "context" || key == "reps" || key == "json" || key == "late-copy" ||
+                     key == "phases",
                  "--" + key + " has no effect with --hisparse (it reads --formats, --B, --reuse, --topk, --heads, "
-                 "--context, --reps, --late-copy and --json)");
+                 "--context, --reps, --late-copy, --phases and --json)");
     return bench_hisparse(a);
 #else
     fail("smla bench --hisparse needs the CUDA backend; this build has none (build with nvcc on the PATH)");

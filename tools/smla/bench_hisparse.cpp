@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
 #include <random>
@@ -132,6 +133,9 @@ int bench_hisparse(const Args& a) {
   // --late-copy: the copy blocks wait for the resolver's end before their first host load (the
   // schedule before s10), for an A/B against the default in one session.
   const bool late_copy = a.has("late-copy");
+  // --phases: after each case, `reps` more resolve-only steps, one at a time, with %globaltimer
+  // stamps of the resolver's phases and of the copy blocks (medians, µs after the resolver's start).
+  const bool phases = a.has("phases");
   cuda::set_tiered_copy_late_for_testing(late_copy);
   const int warmup = 3;
   std::vector<KvFormat> fmts;
@@ -156,10 +160,21 @@ int bench_hisparse(const Args& a) {
   constexpr int kBlock = 64;
   const int max_blocks = int((L + kBlock - 1) / kBlock);
 
+  // The same-binary A/B switches (each read once per process; unset = on): the attention as a
+  // programmatic dependent launch of the copy kernel, and the copy blocks' own reads.
+  auto env_on = [](const char* name) {  // SMLA_HISPARSE_*: on unless "0"
+    const char* v = std::getenv(name);
+    return v == nullptr || std::string(v) != "0";
+  };
+  auto env_one = [](const char* name) {  // SMLA_ATTN_PDL: on only when "1"
+    const char* v = std::getenv(name);
+    return v != nullptr && std::string(v) == "1";
+  };
   std::printf("smla bench --hisparse on %s (%d SMs): K = %d, H = %d, context %lld tokens per request, %d timed steps "
-              "per case%s\n",
+              "per case%s; SMLA_ATTN_PDL=%d SMLA_HISPARSE_EARLY=%d SMLA_HISPARSE_TRIGGER=%d\n",
               dev.name.c_str(), dev.num_sms, K, H, (long long)L, reps,
-              late_copy ? "; --late-copy: host reads start after the resolver's end" : "");
+              late_copy ? "; --late-copy: host reads start after the resolver's end" : "", env_one("SMLA_ATTN_PDL") ? 1 : 0,
+              env_on("SMLA_HISPARSE_EARLY") ? 1 : 0, env_on("SMLA_HISPARSE_TRIGGER") ? 1 : 0);
   std::vector<std::string> json;
   for (KvFormat fmt : fmts) {
     const int rb = row_bytes(fmt, kRopeDim);
@@ -197,7 +212,7 @@ int bench_hisparse(const Args& a) {
 
       for (long long reuse : reuses) {
         // Positions of every step: warm-up, timed full steps, timed resolve-only steps.
-        const int steps = warmup + 2 * reps;
+        const int steps = warmup + (phases ? 3 : 2) * reps;
         std::vector<int32_t> pos(size_t(steps) * B * K);
         std::mt19937_64 rng(uint64_t(B) * 1000 + uint64_t(reuse));
         std::vector<int64_t> cursor(static_cast<size_t>(B));
@@ -265,6 +280,35 @@ int bench_hisparse(const Args& a) {
         const TieredCounters c1 = cuda::read_tiered_counters(tc, state.p, s);
         const double t_resident = median(time_calls(s, warmup, reps, resident_step));
         SMLA_CHECK(c1.errors == 0, "the resolver counted errors: the benchmark's inputs are wrong");
+        std::string phase_line;
+        if (phases) {  // fresh steps (they continue the chain), one at a time, stamped
+          Dev ph(16 * sizeof(uint64_t));
+          cuda::set_tiered_phase_buffer_for_testing(ph.as<uint64_t>());
+          std::vector<std::vector<double>> d(16);
+          for (int st = warmup + 2 * reps; st < warmup + 3 * reps; ++st) {
+            uint64_t init[16] = {};
+            init[8] = ~uint64_t(0);
+            ck(cudaMemcpyAsync(ph.p, init, sizeof init, cudaMemcpyHostToDevice, s), "phase buffer");
+            resolve(st);
+            uint64_t got[16];
+            ck(cudaMemcpyAsync(got, ph.p, sizeof got, cudaMemcpyDeviceToHost, s), "phase buffer");
+            ck(cudaStreamSynchronize(s), "phase step");
+            for (int i = 1; i < 13; ++i)
+              if (got[i] != 0 && got[i] != ~uint64_t(0)) d[size_t(i)].push_back(double(int64_t(got[i] - got[0])) * 1e-3);
+          }
+          cuda::set_tiered_phase_buffer_for_testing(nullptr);
+          auto f = [&](int i) {
+            char b[32];
+            if (d[size_t(i)].empty()) std::snprintf(b, sizeof b, "-");
+            else std::snprintf(b, sizeof b, "%.1f", median(d[size_t(i)]));
+            return std::string(b);
+          };
+          phase_line = "  phases (us after the resolver's start, median of " + std::to_string(reps) +
+                       " single steps): resolver tokens " + f(1) + ", classified " + f(2) + ", searched " + f(6) +
+                       ", ranked " + f(7) + ", assigned " + f(3) + ", ids " + f(4) + ", end " + f(5) +
+                       " | copy blocks: first start " + f(8) + ", last loads issued " + f(9) + ", last flag " + f(10) +
+                       ", last wait passed " + f(11) + ", last end " + f(12);
+        }
         const double misses = double(c1.misses - c0.misses) / reps, bytes = double(c1.bytes - c0.bytes) / reps;
         const double gbps = bytes / (t_resolve * 1e-3) / 1e9;
         // The plain gather of as many random pool rows (the reference the miss path is held to).
@@ -296,6 +340,7 @@ int bench_hisparse(const Args& a) {
                       adds_pct, t_resolve, t_gather, vs, misses, bytes / 1e6, gbps, gbps / h2d,
                       std::string(to_string(fmt)).c_str(), B, reuse, K, H, (long long)L);
         std::puts(line);
+        if (phases) std::puts(phase_line.c_str());
         std::fflush(stdout);
         char js[1024];
         std::snprintf(js, sizeof js,

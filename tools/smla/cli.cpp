@@ -38,7 +38,7 @@ const std::vector<Command>& commands() {
         {"dim", "576|512", "head size D (cuda only)"},
         {"pool", "ROWS", "KV pool rows (cuda only; default 1048576)"},
         {"splits", "N", "force N top-k splits (cuda only; 0: the launcher chooses)"},
-        {"phases", nullptr, "print where each call's time went (cuda only)"},
+        {"phases", nullptr, "print where each call's time went (cuda only; with --hisparse: the resolver's and the copy blocks' phases, no special build)"},
         {"graph", nullptr, "also time the calls captured in one CUDA graph (cuda only)"},
         {"dcp", "W", "one DCP decode step on W GPUs over NCCL (reads --T --heads --topk --reps --rows)"},
         {"rows", "N", "total KV rows of the DCP request (--dcp only; default 2097152)"},

@@ -29,6 +29,13 @@
 // most kTieredCopyFlags, about 2 x #SMs blocks in all; up to kCopyRoundUnroll loads in flight per
 // thread per round.
 //
+// Early mode (s11, SMLA_HISPARSE_EARLY, on unless "0"; one token per request and a request's copy
+// blocks covering its K entries at one per thread): the copy blocks do not wait for a job list.
+// Each reads its own share of the token's entries (positions, map, block table) at its start and
+// issues the host reads of the misses it sees before the resolver has claimed anything; the
+// resolver writes no job list and raises the flags just before its first victim map write, which
+// tells a block whether its map reads came before every placement (copy_early).
+//
 // A step that hits everything is one pass over the entries with no sort; when its request has one
 // token of K <= kThreads * kIlp entries, the rows are written from the registers of that pass
 // (no second read of positions or map), and copy_kernel's blocks read a zero count from their
@@ -41,7 +48,10 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <climits>
+#include <cstdlib>
 #include <string>
+#include <type_traits>
 
 #include "../common/ptx.cuh"
 #include "../serving/check.cuh"
@@ -62,6 +72,7 @@ constexpr int kSlotBits = 13;  // slot < 8192
 // A request's step with at most this many misses (and 32-bit LRU keys) picks its victims without
 // the two block sorts (assign_slots_small); more take the sorts.
 constexpr int kSmallMisses = 256;
+static_assert(kSmallMisses + kTieredCopyFlags <= kThreads, "publish_before_assign's threads are not ranking threads");
 constexpr int kIlp = 4;        // top-k entries per thread per pass (loads in flight)
 constexpr int kCopyUnroll = 16;  // 16-byte host loads in flight per thread: 64 KB per 256-thread block
 // copy_kernel: 16-byte host loads in flight per thread per round (8: 64 registers, 4 blocks per
@@ -72,6 +83,27 @@ constexpr int kCopyRoundUnroll = 8;
 constexpr int kCopyBlocksPerSm = 2;
 int copy_blocks_override = 0;        // set_tiered_copy_blocks_for_testing (0: the launcher's choice)
 bool copy_late = false;              // set_tiered_copy_late_for_testing: the first loads wait for the resolver's end
+int early_read_mode = 0;             // set_tiered_early_read_for_testing (0: SMLA_HISPARSE_EARLY decides)
+uint64_t* phase_buffer = nullptr;    // set_tiered_phase_buffer_for_testing
+
+// SMLA_HISPARSE_TRIGGER (read once per process): 0 removes copy_kernel's griddepcontrol.launch_dependents
+// (a PDL-launched attention, SMLA_ATTN_PDL=1, then starts as the copy blocks exit).
+bool copy_trigger_env() {
+  static const bool on = [] {
+    const char* v = std::getenv("SMLA_HISPARSE_TRIGGER");
+    return v == nullptr || std::string(v) != "0";
+  }();
+  return on;
+}
+
+// SMLA_HISPARSE_EARLY (read once per process): 0 turns the copy blocks' own reads (copy_early) off.
+bool early_read_env() {
+  static const bool on = [] {
+    const char* v = std::getenv("SMLA_HISPARSE_EARLY");
+    return v == nullptr || std::string(v) != "0";
+  }();
+  return on;
+}
 
 // One missing row to copy: its host-pool row and its position (the slot it lands in is the final
 // position -> slot map's entry, which copy_kernel reads after the resolver's end).
@@ -112,6 +144,10 @@ struct ResolveParams {
   CopyJob* jobs;                // workspace: [max_requests, R] the rows to copy, in claim order
   uint32_t* copy_flags;         // state: [max_requests, kTieredCopyFlags] hand-off words, 0 between steps
   int copy_blocks_per_req;      // copy_kernel's blocks per request (<= kTieredCopyFlags): the flags raised
+  uint64_t* phase;              // benchmark only, nullable: %globaltimer stamps (kPhase*), see phase_stamp
+  int early;                    // 1: the copy blocks read their own entries (copy_early); no job list is
+                                // written and a step with misses raises the flags right before its first
+                                // map write of a victim assignment (publish_before_assign)
 };
 
 using Scan = cub::BlockScan<int, kThreads>;
@@ -122,7 +158,7 @@ struct ResolveSmem {
   using SortPos = cub::BlockRadixSort<uint32_t, kThreads, kItems>;
   using SortSlot = cub::BlockRadixSort<uint64_t, kThreads, kItems>;
   union {
-    int32_t miss[kKeys];                  // missing positions, in claim order (phase 1)
+    alignas(16) int32_t miss[kKeys];      // missing positions, in claim order (phase 1); rank_of reads it 4 at a time
     typename SortPos::TempStorage sort_pos;
     typename SortSlot::TempStorage sort_slot;
     typename Scan::TempStorage scan;
@@ -139,17 +175,25 @@ struct ResolveSmem {
   unsigned errors;
   // The small-step victim choice (assign_slots_small): per-warp counts (two buffers), the chosen
   // candidate keys, and the slot of each rank.
-  unsigned warp_count[2][kThreads / 32];
+  alignas(16) unsigned warp_count[2][kThreads / 32];  // read 4 at a time
   int num_sel;
-  uint32_t sel[kSmallMisses];
+  alignas(16) uint32_t sel[kSmallMisses];  // 16-byte aligned: rank_of reads it 4 at a time
   int32_t slot_of_rank[kSmallMisses];
+  // write_row_from_regs with misses: each thread's classify entries and map slots, kept here across
+  // the victim assignment (in registers they would cost the kernel its one-copy-block-beside fit).
+  int32_t keep_pos[kThreads * kIlp];
+  int32_t keep_slot[kThreads * kIlp];
+  // assign_slots_small: each candidate slot's position (slot_pos), loaded beside its stamp, so the
+  // victims' old positions need no round trip after the choice.
+  int32_t slot_old[kKeys];
 };
 static_assert(sizeof(ResolveSmem<kItemsLarge>) <= 227 * 1024);
 
 // Host-pool row of a request-local position, or -1: logical_to_physical with one rank (the
 // device cache's paged rule), in 32-bit division (pos >= 0 and block_size >= 1 fit 32 bits, so
 // the rows are the same; index.h's int64 division is a ~70-instruction call per position).
-__device__ __forceinline__ int64_t pool_row_of(const ResolveParams& p, int req, int32_t pos) {
+template <class P>  // ResolveParams or CopyParams (the same block-table fields)
+__device__ __forceinline__ int64_t pool_row_of(const P& p, int req, int32_t pos) {
   if (pos < 0) return -1;
   const uint32_t bs = uint32_t(p.block_size);
   const uint32_t blk = uint32_t(pos) / bs, off = uint32_t(pos) - blk * bs;
@@ -171,6 +215,39 @@ __device__ __forceinline__ void load_pass(const int32_t* row, int first, int top
 #pragma unroll
     for (int u = 0; u < kIlp; ++u) pos[u] = first + u < topk ? row[first + u] : -1;
   }
+}
+
+// A load with acquire semantics at GPU scope: no later memory operation of the thread (nor, through
+// a block barrier, of its block) is performed before it.
+__device__ __forceinline__ int32_t ld_acquire(const int32_t* p) {
+  int32_t v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// `smla bench --hisparse --phases` only (set_tiered_phase_buffer_for_testing): %globaltimer stamps
+// of one step. Resolve block 0, thread 0 (slots 0-7), and over every copy block's thread 0 (8: the
+// earliest start; 9-12: the latest of each event).
+enum Phase {
+  kPhStart = 0, kPhTokens = 1, kPhClassified = 2, kPhAssigned = 3, kPhIds = 4, kPhEnd = 5, kPhSearched = 6,
+  kPhRanked = 7, kPhCopyStart = 8, kPhCopyLoads = 9, kPhCopyFlag = 10, kPhCopyWait = 11, kPhCopyEnd = 12
+};
+__device__ __forceinline__ void phase_stamp(uint64_t* ph, int slot) {
+  if (ph != nullptr && blockIdx.x == 0 && threadIdx.x == 0) ph[slot] = ptx::globaltimer();
+}
+__device__ __forceinline__ void phase_max(uint64_t* ph, int slot) {  // thread 0 of any copy block
+  if (ph != nullptr && threadIdx.x == 0) {
+    const unsigned long long t = ptx::globaltimer();
+    if (slot == kPhCopyStart) atomicMin(reinterpret_cast<unsigned long long*>(ph + slot), t);
+    else atomicMax(reinterpret_cast<unsigned long long*>(ph + slot), t);
+  }
+}
+
+// A relaxed store at GPU scope (the same instruction cost as a plain one): the map words of placed
+// misses, which copy_early's acquire loads may read (publish_before_assign's ordering argument needs
+// the observed write to be a strong one).
+__device__ __forceinline__ void st_relaxed(int32_t* p, int32_t v) {
+  asm volatile("st.relaxed.gpu.global.b32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
 }
 
 // Entry classes: kInvalid (position < 0 or >= length), kNewest (length - 1, slot R - 1), kOld
@@ -288,8 +365,10 @@ __device__ void classify_entries(const ResolveParams& p, int r, int32_t len, uin
         if (claimed[u]) {
           const int idx = at + __popc(m & ((1u << lane) - 1));
           sm.miss[idx] = pos[u];
-          jobs[idx] = CopyJob{prow[u], pos[u]};  // the copy blocks start on these before the victims are known
-          wrote_jobs = true;
+          if (!p.early) {  // the copy blocks start on these before the victims are known
+            jobs[idx] = CopyJob{prow[u], pos[u]};
+            wrote_jobs = true;
+          }
         }
       }
 #pragma unroll
@@ -304,6 +383,21 @@ __device__ void classify_entries(const ResolveParams& p, int r, int32_t len, uin
   if ((threadIdx.x & 31) == 0) {
     if (errors) atomicAdd(&sm.errors, errors);
     if (newest) atomicExch(&sm.newest_used, 1);
+  }
+}
+
+// Early mode (p.early), a step with misses: the flags are raised right before the first map write of
+// the victim assignment, and each raising thread fences after its store (a block barrier then
+// precedes the map writes). A copy block that read its entries' map words (acquire loads) and then
+// still finds its flag 0 thus read them before any of those writes: every entry it saw
+// below 0 with a pool row is a claimed miss of this step, every other one a hit (copy_early).
+// The raising threads are the block's last copy_blocks_per_req (<= 128): in assign_slots_small the
+// first n <= 256 threads rank the chosen keys meanwhile, so the fence's round trip runs beside them.
+__device__ __forceinline__ void publish_before_assign(const ResolveParams& p, int r, int count) {
+  const int i = int(threadIdx.x) - (kThreads - p.copy_blocks_per_req);
+  if (i >= 0) {
+    *reinterpret_cast<volatile uint32_t*>(p.copy_flags + int64_t(r) * kTieredCopyFlags + i) = uint32_t(count) + 1u;
+    __threadfence();
   }
 }
 
@@ -328,6 +422,24 @@ __device__ void sort_misses(const ResolveParams& p, int num_miss, Smem& sm) {
   }
 }
 
+// How many of a[0 .. n) lie below x (a: 16-byte aligned shared memory). Read 4 entries per
+// 16-byte load, 16 in flight: a plain loop is one dependent shared load per entry (~30 cycles),
+// which at n = 205 cost ~3.4 µs per ranking (s11 phases).
+template <class T>
+__device__ __forceinline__ int rank_of(const T* a, int n, T x) {
+  static_assert(sizeof(T) == 4);
+  using V = std::conditional_t<std::is_signed_v<T>, int4, uint4>;
+  int rank = 0;
+  const int n4 = n & ~3;
+#pragma unroll 4
+  for (int j = 0; j < n4; j += 4) {
+    const V v = *reinterpret_cast<const V*>(a + j);
+    rank += int(T(v.x) < x) + int(T(v.y) < x) + int(T(v.z) < x) + int(T(v.w) < x);
+  }
+  for (int j = n4; j < n; ++j) rank += a[j] < x;
+  return rank;
+}
+
 // Phase 2 for a step of n <= kSmallMisses misses whose LRU keys fit 32 bits (end_bit <= 31), with
 // no sort. The misses (distinct positions) are ranked by counting; the n smallest candidate keys
 // (stamp << kSlotBits | slot, distinct) are found by a binary search for the n-th smallest key
@@ -339,19 +451,21 @@ __device__ void assign_slots_small(const ResolveParams& p, int r, uint32_t now, 
   const int n = sm.num_miss;
   const int t = int(threadIdx.x), lane = t & 31, warp = t >> 5;
   uint32_t* stamps = p.stamps + int64_t(r) * p.R;
-  // The candidate keys (padding and slots stamped `now`: all ones, never chosen).
+  int32_t* slot_pos = p.slot_pos + int64_t(r) * p.R;
+  // The candidate keys (padding and slots stamped `now`: all ones, never chosen), and each slot's
+  // position beside its stamp (one round trip for both).
   uint32_t key[kItems];
 #pragma unroll
   for (int k = 0; k < kItems; ++k) {
     const int sl = t * kItems + k;
     const uint32_t st = sl < p.R - 1 ? stamps[sl] : now;
+    sm.slot_old[sl] = sl < p.R - 1 ? slot_pos[sl] : -1;
     key[k] = st != now ? (st << kSlotBits) | uint32_t(sl) : 0xffffffffu;
   }
   // Misses by position: rank = how many misses lie below (positions are distinct).
   if (t < n) {
     const int32_t q = sm.miss[t];
-    int rank = 0;
-    for (int j = 0; j < n; ++j) rank += sm.miss[j] < q;
+    const int rank = rank_of(sm.miss, n, q);
     sm.sorted_miss[rank] = q;
   }
   if (t == 0) sm.num_sel = 0;
@@ -368,10 +482,14 @@ __device__ void assign_slots_small(const ResolveParams& p, int r, uint32_t now, 
     __syncthreads();  // two buffers: a warp rewrites this one only after the next barrier
     unsigned total = 0;
 #pragma unroll
-    for (int w = 0; w < kThreads / 32; ++w) total += sm.warp_count[it & 1][w];
+    for (int w = 0; w < kThreads / 32; w += 4) {
+      const uint4 v = *reinterpret_cast<const uint4*>(&sm.warp_count[it & 1][w]);
+      total += v.x + v.y + v.z + v.w;
+    }
     if (total >= unsigned(n)) hi = mid;
     else lo = mid + 1;
   }
+  phase_stamp(p.phase, kPhSearched);
   // The n chosen keys (exactly those <= lo), then each one's rank among them.
 #pragma unroll
   for (int k = 0; k < kItems; ++k) {
@@ -384,21 +502,21 @@ __device__ void assign_slots_small(const ResolveParams& p, int r, uint32_t now, 
     if (chosen) sm.sel[at + __popc(m & ((1u << lane) - 1))] = key[k];
   }
   __syncthreads();
+  if (p.early) publish_before_assign(p, r, n);  // threads >= 384, beside the ranking below
   if (t < n) {
     const uint32_t x = sm.sel[t];
-    int rank = 0;
-    for (int j = 0; j < n; ++j) rank += sm.sel[j] < x;
+    const int rank = rank_of(sm.sel, n, x);
     sm.slot_of_rank[rank] = int32_t(x & ((1u << kSlotBits) - 1));
   }
   __syncthreads();
+  phase_stamp(p.phase, kPhRanked);
   if (t < n) {
     int32_t* map = p.pos_slot + int64_t(r) * p.max_positions;
-    int32_t* slot_pos = p.slot_pos + int64_t(r) * p.R;
     const int32_t q = sm.sorted_miss[t];
     const int sl = sm.slot_of_rank[t];
-    const int32_t old = slot_pos[sl];
+    const int32_t old = sm.slot_old[sl];
     if (old >= 0) map[old] = -1;
-    map[q] = sl, slot_pos[sl] = q, stamps[sl] = now;
+    st_relaxed(map + q, sl), slot_pos[sl] = q, stamps[sl] = now;
   }
 }
 
@@ -442,6 +560,10 @@ __device__ void assign_slots(const ResolveParams& p, int r, uint32_t now, Smem& 
 #pragma unroll
     for (int k = 0; k < kItems; ++k) slot_of_rank[k] = int(key[k] & ((uint64_t(1) << kSlotBits) - 1));
   }
+  if (p.early) {
+    publish_before_assign(p, r, num_miss);
+    __syncthreads();
+  }
   int32_t* map = p.pos_slot + int64_t(r) * p.max_positions;
   int32_t* slot_pos = p.slot_pos + int64_t(r) * p.R;
   // Chunks of up to 9 ranks: each chunk's slot_pos loads go out together, then its writes (the
@@ -465,7 +587,7 @@ __device__ void assign_slots(const ResolveParams& p, int r, uint32_t now, Smem& 
       if (k < kItems && i < num_miss) {
         const int s = slot_of_rank[k];
         if (old[c] >= 0) map[old[c]] = -1;
-        map[q[c]] = s, slot_pos[s] = q[c], stamps[s] = now;
+        st_relaxed(map + q[c], s), slot_pos[s] = q[c], stamps[s] = now;
       }
     }
   }
@@ -507,12 +629,16 @@ __device__ void write_rows(const ResolveParams& p, int r, int32_t len, Smem& sm)
   }
 }
 
-// Phase 3 for a step without a miss whose request has one token and K <= kThreads * kIlp: the
-// single classify pass left each thread's entries and their map slots in registers, and no map
-// entry changed since (a claim would have been a miss), so this writes what write_rows would.
+// Phase 3 for a request with one token and K <= kThreads * kIlp: the single classify pass left
+// each thread's entries and their map slots in registers. A slot found there (a hit) has not moved
+// since; without a miss in the step no map entry changed at all. With misses (reread) an old
+// entry whose slot was < 0 (its own claim, a duplicate's, or no pool row) takes its final map
+// entry, read again after the assignment; so this writes what write_rows would, without reading
+// the positions again.
 template <class Smem>
 __device__ void write_row_from_regs(const ResolveParams& p, int r, int32_t len, Smem& sm,
-                                    const int32_t (&pos)[kIlp], const int32_t (&map_slot)[kIlp]) {
+                                    const int32_t (&pos)[kIlp], const int32_t (&map_slot)[kIlp], bool reread) {
+  const int32_t* map = p.pos_slot + int64_t(r) * p.max_positions;
   const int64_t t = sm.tokens[0];
   int32_t* out = p.phys + t * p.phys_stride_t;
   int32_t phys[kIlp];
@@ -520,7 +646,7 @@ __device__ void write_row_from_regs(const ResolveParams& p, int r, int32_t len, 
 #pragma unroll
   for (int u = 0; u < kIlp; ++u) {
     const EntryKind k = classify(len, pos[u]);
-    const int32_t slot = k == kNewest ? p.R - 1 : k == kOld ? map_slot[u] : -1;
+    const int32_t slot = k == kNewest ? p.R - 1 : k != kOld ? -1 : reread && map_slot[u] < 0 ? map[pos[u]] : map_slot[u];
     phys[u] = slot >= 0 ? r * p.R + slot : -1;
     valid[u] = slot >= 0;
   }
@@ -565,17 +691,19 @@ __device__ __forceinline__ void resolve_body(const ResolveParams& p) {
   uint32_t* clock = p.stamps + int64_t(r) * p.R + (p.R - 1);
   // copy_kernel (a PDL launch) may start its blocks now; they wait for this grid's end.
   ptx::pdl_launch_dependents();
+  phase_stamp(p.phase, kPhStart);
   // The loads that need nothing from shared memory go out first, so that their latency overlaps
   // the token collection: the clock, the length, and (token t = request r when req_of_token is
   // null) the first classify pass of the request's positions.
   const uint32_t now = (r < p.num_reqs ? *clock : 0u) + 1;
-  const int32_t len = r < p.num_reqs ? p.seq_lens[r] : 0;
+  const int32_t len = r < p.num_reqs && p.num_tokens > 0 ? p.seq_lens[r] : 0;  // seq_lens may be null when T = 0
   const bool have_pre = !p.req_of_token && r < p.num_reqs && r < p.num_tokens;
   int32_t pre[kIlp];
   if (have_pre) {
     load_pass(p.positions + int64_t(r) * p.pos_stride_t, int(threadIdx.x) * kIlp, p.topk, pre);
   }
   collect_tokens(p, r, sm, len);
+  phase_stamp(p.phase, kPhTokens);
   const bool live = sm.num_tokens > 0 && !sm.bad;
   if (!live && r < p.num_reqs) publish_misses(p, r, 0);  // nothing to copy for this request
   if (live) {
@@ -586,16 +714,32 @@ __device__ __forceinline__ void resolve_body(const ResolveParams& p) {
     for (int u = 0; u < kIlp; ++u) pending[u] = now;
     classify_entries(p, r, len, now, sm, have_pre, pre, keep_pos, keep_slot, hits, pending);
     __syncthreads();
-    // The copy blocks start their host reads now; the victims, the map and the ids follow.
-    publish_misses(p, r, sm.num_miss);
-    if (sm.num_miss == 0 && sm.num_tokens == 1 && p.topk <= kThreads * kIlp) {
-      write_row_from_regs(p, r, len, sm, keep_pos, keep_slot);
+    phase_stamp(p.phase, kPhClassified);
+    // The copy blocks start their host reads now; the victims, the map and the ids follow. Early
+    // mode: they started already; a step with misses raises the flags in assign_slots.
+    if (!p.early || sm.num_miss == 0) publish_misses(p, r, sm.num_miss);
+    if (sm.num_tokens == 1 && p.topk <= kThreads * kIlp) {
+      const bool reread = sm.num_miss > 0;  // uniform
+      if (reread) {
+#pragma unroll
+        for (int u = 0; u < kIlp; ++u)
+          sm.keep_pos[u * kThreads + threadIdx.x] = keep_pos[u], sm.keep_slot[u * kThreads + threadIdx.x] = keep_slot[u];
+        assign_slots(p, r, now, sm);
+        __syncthreads();  // map writes of every thread are visible to the block; the scan reuses the union
+        phase_stamp(p.phase, kPhAssigned);
+#pragma unroll
+        for (int u = 0; u < kIlp; ++u)
+          keep_pos[u] = sm.keep_pos[u * kThreads + threadIdx.x], keep_slot[u] = sm.keep_slot[u * kThreads + threadIdx.x];
+      }
+      write_row_from_regs(p, r, len, sm, keep_pos, keep_slot, reread);
     } else {
       if (sm.num_miss > 0) assign_slots(p, r, now, sm);
       __syncthreads();  // map writes of every thread are visible to the block; the scan reuses the union
+      phase_stamp(p.phase, kPhAssigned);
       write_rows(p, r, len, sm);
     }
     count_hits(now, hits, pending, sm);  // the exchanges' round trip ran under the id write
+    phase_stamp(p.phase, kPhIds);
   } else if (sm.num_tokens > 0) {  // a dropped request: every one of its tokens comes out empty
     for (int64_t t = 0; t < p.num_tokens; ++t)
       if (req_of(p, t) == r) write_empty_row(p, t);
@@ -620,6 +764,7 @@ __device__ __forceinline__ void resolve_body(const ResolveParams& p) {
     if (sm.errors) atomicAdd(reinterpret_cast<unsigned long long*>(&p.ctr->errors), (unsigned long long)sm.errors);
     if (r == 0) atomicAdd(&p.ctr->clock, 1u);  // steps resolved
   }
+  phase_stamp(p.phase, kPhEnd);
 }
 
 // One kernel per sort size. Their launch bounds differ only so that ptxas allocates each without
@@ -640,6 +785,22 @@ struct CopyParams {
   uint8_t* hot;               // [max_requests * R rows]
   int64_t hot_stride;
   int late;                   // benchmark A/B only: 1 = no load before the resolver's end (s9's schedule)
+  // Early mode (copy_early): the block reads its own entries. The step's inputs, as the resolver has them:
+  int early;                  // 1: copy_early; 0: the job list
+  int force_late;             // tests only: every block takes copy_early's late path
+  int trigger;                // 1: griddepcontrol.launch_dependents at the start (SMLA_HISPARSE_TRIGGER)
+  uint64_t* phase;            // benchmark only, nullable: %globaltimer stamps (kPhase*)
+  const int32_t* positions;   // [T, K], row stride pos_stride_t
+  int64_t pos_stride_t;
+  int64_t num_tokens;
+  int topk;
+  const int32_t* req_of_token;  // nullable [T]
+  const int32_t* seq_lens;      // [num_reqs]
+  int64_t pool_rows;
+  const int32_t* block_table;
+  int64_t bt_stride;
+  int max_blocks, block_size;
+  int64_t block_stride_rows;
 };
 
 constexpr int kCopyThreads = 256;
@@ -687,6 +848,141 @@ __device__ __forceinline__ void copy_store(const CopyParams& c, const CopyJob* j
   }
 }
 
+// Early mode: the rows of a block's own entries, read before the resolver has chosen any victim.
+// Request r's token row is cut into blocks_per_req ranges of E = ceil(K / blocks_per_req) <= 256
+// entries (the launcher enables the mode only then), one entry per thread. Each block, resident
+// beside the resolve block from its start (a PDL launch):
+//   1. reads its entries' positions, the request's length, their map words and pool rows (the
+//      resolver's own classification: old = 0 <= pos < length - 1 with length <= max_positions;
+//      a miss is an old entry whose map word is < 0 (-1, or -2 once claimed) with a pool row);
+//   2. lists its misses in shared memory, reads its flag after a block barrier (in time: still 0),
+//      and loads the first round of those rows from host memory into registers;
+//   3. waits for its flag, clears it, waits for the resolver's end (griddepcontrol.wait) and
+//      stores each row to its position's final map slot; later rounds load and store in turn.
+// The resolver raises the flag before its first map write of a victim (publish_before_assign), so
+// an in-time block's map words were read before any of them: below 0 = a claimed miss of this step,
+// >= 0 = a hit whose slot does not change. A late block (its flag was up at the check: it started
+// late, or force_late) cannot tell a hit from a miss already placed; after the resolver's end it
+// copies every old entry with a pool row to its final slot (a hit's slot gets the bytes it already
+// holds: slots of this step's positions are never victims, and nothing else writes them now). The
+// map, stamps, ids and counters are the resolver's alone; duplicates of a position in two blocks
+// store the same bytes twice.
+__device__ __forceinline__ void copy_early_rounds(const CopyParams& c, const int32_t* map, uint8_t* hot,
+                                                  const int32_t* lpos, const int32_t* lrow, int total, bool loaded,
+                                                  CopyRound& rd) {
+  for (int base = int(threadIdx.x); base < total; base += kCopyThreads * kCopyRoundUnroll) {
+    if (!loaded) {
+#pragma unroll
+      for (int u = 0; u < kCopyRoundUnroll; ++u) {
+        const int i = base + u * kCopyThreads;
+        if (i < total)
+          rd.v[u] = *reinterpret_cast<const uint4*>(c.pool + int64_t(lrow[i / c.pieces]) * c.pool_stride +
+                                                    16 * (i % c.pieces));
+      }
+    }
+    loaded = false;
+    int32_t slot[kCopyRoundUnroll];
+#pragma unroll
+    for (int u = 0; u < kCopyRoundUnroll; ++u) {
+      const int i = base + u * kCopyThreads;
+      slot[u] = i < total ? __ldcg(map + lpos[i / c.pieces]) : -1;
+    }
+#pragma unroll
+    for (int u = 0; u < kCopyRoundUnroll; ++u) {
+      const int i = base + u * kCopyThreads;
+      if (slot[u] >= 0 && slot[u] < c.R - 1)
+        *reinterpret_cast<uint4*>(hot + int64_t(slot[u]) * c.hot_stride + 16 * (i % c.pieces)) = rd.v[u];
+    }
+  }
+}
+
+__device__ void copy_early(const CopyParams& c, int r, int part) {
+  __shared__ int s_token, s_n, s_late;
+  __shared__ int32_t s_pos[kCopyThreads], s_row[kCopyThreads];
+  const int t = int(threadIdx.x), lane = t & 31;
+  // r < num_reqs (the grid has num_reqs * blocks_per_req blocks); seq_lens may be null when T = 0.
+  const int32_t len = c.num_tokens > 0 ? c.seq_lens[r] : 0;
+  if (t == 0) s_token = c.req_of_token ? INT_MAX : (int64_t(r) < c.num_tokens ? r : -1), s_n = 0;
+  __syncthreads();
+  if (c.req_of_token) {  // one token per request (the launcher's rule); more are dropped by the resolver
+    for (int64_t i = t; i < c.num_tokens; i += kCopyThreads)
+      if (c.req_of_token[i] == r) atomicMin(&s_token, int(i));
+    __syncthreads();
+  }
+  const int token = s_token == INT_MAX ? -1 : s_token;
+  const int per_block = (c.topk + c.blocks_per_req - 1) / c.blocks_per_req;
+  const int j = part * per_block + t;
+  int32_t pos = -1;
+  if (token >= 0 && t < per_block && j < c.topk) pos = c.positions[int64_t(token) * c.pos_stride_t + j];
+  const int32_t* map = c.pos_slot + int64_t(r) * c.max_positions;
+  const bool old = int64_t(len) <= c.max_positions && pos >= 0 && int64_t(pos) < int64_t(len) - 1;
+  int32_t slot = 0, prow = -1;
+  if (old) {
+    slot = ld_acquire(map + pos);  // ordered before the flag read below (publish_before_assign)
+    prow = int32_t(pool_row_of(c, r, pos));
+  }
+  const bool miss = old && slot < 0 && prow >= 0;
+  {
+    const unsigned m = __ballot_sync(0xffffffffu, miss);
+    int at = 0;
+    if (m != 0 && lane == __ffs(m) - 1) at = atomicAdd(&s_n, __popc(m));
+    at = __shfl_sync(0xffffffffu, at, m != 0 ? __ffs(m) - 1 : 0);
+    if (miss) {
+      const int idx = at + __popc(m & ((1u << lane) - 1));
+      s_pos[idx] = pos, s_row[idx] = prow;
+    }
+  }
+  __syncthreads();
+  volatile uint32_t* flag = c.flags + int64_t(r) * kTieredCopyFlags + part;
+  uint32_t at_check = 0;
+  if (t == 0) at_check = *flag;
+  const int n = s_n;
+  uint8_t* hot = c.hot + int64_t(r) * c.R * c.hot_stride;
+  CopyRound rd;
+  const int total = n * c.pieces;
+#pragma unroll
+  for (int u = 0; u < kCopyRoundUnroll; ++u) {  // the first round, before any victim is known
+    const int i = t + u * kCopyThreads;
+    if (i < total)
+      rd.v[u] = *reinterpret_cast<const uint4*>(c.pool + int64_t(s_row[i / c.pieces]) * c.pool_stride +
+                                                16 * (i % c.pieces));
+  }
+  phase_max(c.phase, kPhCopyLoads);
+  if (t == 0) {
+    uint32_t v;
+    while ((v = *flag) == 0) __nanosleep(64);
+    *flag = 0;  // this block is the flag's only reader: zero again for the next step
+    // The flag holds the request's miss count + 1: with no miss (an all-hit step, a request without
+    // tokens or dropped) there is nothing to store, however late the check was.
+    s_late = v == 1 ? 2 : (at_check != 0 || c.force_late) ? 1 : 0;
+  }
+  phase_max(c.phase, kPhCopyFlag);
+  __syncthreads();
+  if (s_late == 2) {
+    ptx::pdl_wait();
+    phase_max(c.phase, kPhCopyWait);
+    return;
+  }
+  const bool late = s_late == 1;
+  if (late) {  // every old entry with a pool row, after the resolver's end
+    if (t == 0) s_n = 0;
+    __syncthreads();
+    const bool want = old && prow >= 0;
+    const unsigned m = __ballot_sync(0xffffffffu, want);
+    int at = 0;
+    if (m != 0 && lane == __ffs(m) - 1) at = atomicAdd(&s_n, __popc(m));
+    at = __shfl_sync(0xffffffffu, at, m != 0 ? __ffs(m) - 1 : 0);
+    if (want) {
+      const int idx = at + __popc(m & ((1u << lane) - 1));
+      s_pos[idx] = pos, s_row[idx] = prow;
+    }
+    __syncthreads();
+  }
+  ptx::pdl_wait();  // resolve_kernel's end: the map is final
+  phase_max(c.phase, kPhCopyWait);
+  copy_early_rounds(c, map, hot, s_pos, s_row, s_n * c.pieces, !late, rd);
+}
+
 // Copies the claimed rows: request blockIdx.x / blocks_per_req, the part blockIdx.x %
 // blocks_per_req of its 16-byte pieces (strided, kCopyRoundUnroll loads in flight per thread).
 // A PDL launch: the blocks are resident while resolve_kernel runs. Each waits for its own flag
@@ -696,7 +992,16 @@ __device__ __forceinline__ void copy_store(const CopyParams& c, const CopyJob* j
 // store in turn. No deadlock: the resolve blocks have all started (each triggers the launch at its
 // first instruction) and none waits for a copy block.
 __global__ void __launch_bounds__(kCopyThreads) copy_kernel(CopyParams c) {
+  // The attention (a PDL launch behind this kernel, launch_ws) may start its blocks on free SMs
+  // now; they wait for this grid's end, which follows the resolver's (every block waits for it).
+  if (c.trigger) ptx::pdl_launch_dependents();
+  phase_max(c.phase, kPhCopyStart);
   const int r = int(blockIdx.x) / c.blocks_per_req, part = int(blockIdx.x) % c.blocks_per_req;
+  if (c.early) {
+    copy_early(c, r, part);
+    phase_max(c.phase, kPhCopyEnd);
+    return;
+  }
   __shared__ int s_count;
   if (threadIdx.x == 0) {
     volatile uint32_t* flag = c.flags + int64_t(r) * kTieredCopyFlags + part;
@@ -706,6 +1011,7 @@ __global__ void __launch_bounds__(kCopyThreads) copy_kernel(CopyParams c) {
     *flag = 0;        // this block is the flag's only reader: zero again for the next step
     s_count = int(v) - 1;
   }
+  phase_max(c.phase, kPhCopyFlag);
   __syncthreads();
   const int total = s_count * c.pieces;
   const CopyJob* jobs = c.jobs + int64_t(r) * c.R;
@@ -719,13 +1025,19 @@ __global__ void __launch_bounds__(kCopyThreads) copy_kernel(CopyParams c) {
   CopyRound rd;
   if (c.late) ptx::pdl_wait();
   copy_load(c, jobs, base, width, total, rd);  // before the victims are chosen
+  phase_max(c.phase, kPhCopyLoads);
   ptx::pdl_wait();  // resolve_kernel's end: map final (a no-op unless launched with PDL)
-  if (total == 0) return;
+  phase_max(c.phase, kPhCopyWait);
+  if (total == 0) {
+    phase_max(c.phase, kPhCopyEnd);
+    return;
+  }
   copy_store(c, jobs, map, hot, base, width, total, rd);
   for (base += width * kCopyRoundUnroll; base < total; base += width * kCopyRoundUnroll) {
     copy_load(c, jobs, base, width, total, rd);
     copy_store(c, jobs, map, hot, base, width, total, rd);
   }
+  phase_max(c.phase, kPhCopyEnd);
 }
 
 // One thread per named position: a hot one loses its slot. Duplicates write the same values.
@@ -890,6 +1202,13 @@ void resolve_tiered(const TieredCache& cache, const TieredResolveParams& p, void
   if (copy_blocks_override > 0) blocks_per_req = std::min(copy_blocks_override, kTieredCopyFlags);
   k.copy_flags = reinterpret_cast<uint32_t*>(base + L.copy_flags);
   k.copy_blocks_per_req = blocks_per_req;
+  // Early mode (copy_early): one token per request (token t -> request t, or a request map with at
+  // most one token per request), and every entry of a token held by one copy thread. Depends on
+  // the call's shape only, like the grid.
+  const bool early_on = early_read_mode == 0 ? early_read_env() : early_read_mode >= 2;
+  k.phase = phase_buffer;
+  k.early = early_on && !copy_late && (p.req_of_token == nullptr || c.max_tokens_per_request == 1) &&
+            int64_t(blocks_per_req) * kCopyThreads >= p.topk;
 
   // The attribute is set on every call: it belongs to the current device, and the call is cheap.
   if (c.hot_slots <= kThreads * kItemsSmall) {
@@ -914,6 +1233,12 @@ void resolve_tiered(const TieredCache& cache, const TieredResolveParams& p, void
   cp.R = c.hot_slots, cp.blocks_per_req = blocks_per_req, cp.pieces = pieces;
   cp.pool = k.pool, cp.pool_stride = k.pool_stride, cp.hot = k.hot, cp.hot_stride = k.hot_stride;
   cp.late = copy_late ? 1 : 0;
+  cp.early = k.early, cp.force_late = early_read_mode == 3 ? 1 : 0;
+  cp.trigger = copy_trigger_env() ? 1 : 0, cp.phase = phase_buffer;
+  cp.positions = k.positions, cp.pos_stride_t = k.pos_stride_t, cp.num_tokens = k.num_tokens, cp.topk = k.topk;
+  cp.req_of_token = k.req_of_token, cp.seq_lens = k.seq_lens, cp.pool_rows = k.pool_rows;
+  cp.block_table = k.block_table, cp.bt_stride = k.bt_stride, cp.max_blocks = k.max_blocks;
+  cp.block_size = k.block_size, cp.block_stride_rows = k.block_stride_rows;
   // A PDL launch: its blocks become resident while resolve_kernel runs (every resolve block
   // triggers at its start), start their host reads at their flag and wait in pdl_wait() for its
   // end before storing, so no launch gap and no victim choice sits before the host reads.
@@ -932,6 +1257,8 @@ void resolve_tiered(const TieredCache& cache, const TieredResolveParams& p, void
 
 void set_tiered_copy_blocks_for_testing(int blocks_per_request) { copy_blocks_override = blocks_per_request; }
 void set_tiered_copy_late_for_testing(bool late) { copy_late = late; }
+void set_tiered_early_read_for_testing(int mode) { early_read_mode = mode; }
+void set_tiered_phase_buffer_for_testing(uint64_t* stamps) { phase_buffer = stamps; }
 
 void gather_rows_from_host(const void* src, int64_t src_stride, const int32_t* rows, int64_t n, void* dst,
                            int64_t dst_stride, int row_bytes, void* stream) {

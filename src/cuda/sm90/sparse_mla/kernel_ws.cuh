@@ -14,6 +14,7 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <string>
 
 #include "cuda/sm90/sparse_mla/io.cuh"
@@ -60,7 +61,6 @@ __global__ void __launch_bounds__(WsConfig::kThreads, 1) sparse_mla_ws_kernel(co
   using Cfg = WsConfig;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   auto& s = *reinterpret_cast<WsSmem<kQ8>*>(smem_raw);
-  const WsBlock w = block_work(p);
 
   if (threadIdx.x == 0) {
     if constexpr (kQ8) {
@@ -83,6 +83,10 @@ __global__ void __launch_bounds__(WsConfig::kThreads, 1) sparse_mla_ws_kernel(co
   if (threadIdx.x == 0) ws_stamp(p, phase::kEntry);
   __syncthreads();
   ptx::pdl_launch_dependents();  // the split merge (a PDL launch) may start its blocks now
+  // Launched as a programmatic dependent (launch_ws): every input (counts, idx, rows, q) may come
+  // from the kernel before it, so nothing global is read or written above this line.
+  ptx::pdl_wait();
+  const WsBlock w = block_work(p);
 
   const int wg = threadIdx.x / 128, wt = threadIdx.x % 128;
   if (wg == 2) {
@@ -97,6 +101,17 @@ __global__ void __launch_bounds__(WsConfig::kThreads, 1) sparse_mla_ws_kernel(co
     ptx::setmaxnreg_inc<Cfg::kConsumerRegs>();
     ws_consume<Elem, kFormat, 1, kQ8>(p, s, w, wt);
   }
+}
+
+// SMLA_ATTN_PDL (read once per process): 1 launches the attention as a programmatic dependent
+// launch; unset or anything else, plainly. Off by default: behind the HiSparse copy kernel it made
+// the all-hit decode step slower on the H200 (docs/perf-history.md s11-hisparse).
+inline bool attention_pdl_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("SMLA_ATTN_PDL");
+    return v != nullptr && std::string(v) == "1";
+  }();
+  return on;
 }
 
 template <typename Elem, KvFormat kFormat, bool kQ8>
@@ -116,8 +131,21 @@ void launch_ws(const KernelParams& p, cudaStream_t stream) {
                                       std::to_string(kSmemBytes) + " bytes: " + cudaGetErrorString(ea));
     attribute_set.fetch_or(bit, std::memory_order_release);
   }
-  const dim3 grid(unsigned(p.num_tokens * p.head_groups), 1, unsigned(p.num_splits));
-  kernel<<<grid, Cfg::kThreads, kSmemBytes, stream>>>(p);
+  // SMLA_ATTN_PDL=1: a programmatic dependent launch of whatever kernel precedes it on the stream
+  // (the HiSparse copy kernel, the index conversion): its blocks may start on free SMs while that
+  // kernel ends and wait in pdl_wait() (docs/perf-history.md s11-hisparse). Default: a plain launch.
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(unsigned(p.num_tokens * p.head_groups), 1, unsigned(p.num_splits));
+  cfg.blockDim = dim3(Cfg::kThreads);
+  cfg.dynamicSmemBytes = kSmemBytes;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = attention_pdl_enabled() ? 1 : 0;
+  const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, p);
+  SMLA_CHECK(e == cudaSuccess, std::string("sparse MLA kernel launch failed: ") + cudaGetErrorString(e));
 }
 
 }  // namespace smla::cuda::sm90::sparse_mla
