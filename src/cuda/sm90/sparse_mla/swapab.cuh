@@ -1,4 +1,5 @@
-// SM90 sparse MLA, the small-H "swap AB" kernel for fp8_ds_mla rows and a bf16 q (H <= 16): the
+// SM90 sparse MLA, the small-H "swap AB" kernel for fp8_ds_mla rows and a bf16 q (or an e4m3 q,
+// widened to bf16 exactly when Q is staged; H <= 16): the
 // rows, not the heads, are the wgmma M dimension, so N = 16 and nothing is padded to 64 heads
 // (docs/perf-history.md#s11-swapab: the paper bound, the runs, the variants tried).
 //
@@ -35,6 +36,7 @@
 
 #include "cuda/common/ptx.cuh"
 #include "cuda/sm90/sparse_mla/config.h"
+#include "cuda/sm90/sparse_mla/dequant.h"
 #include "cuda/sm90/sparse_mla/launcher.h"
 #include "cuda/sm90/sparse_mla/ws_common.cuh"
 #include "smla/types.h"
@@ -217,23 +219,39 @@ __device__ __forceinline__ void swab_load_q(const KernelParams& p, typename Swab
   // Lane l holds 8-dim units u = l, l + 32, l + 64 (< 72) of the head: all loads issued at once.
   for (int h = warp; h < kN; h += 8) {
     const bool head = h < p.num_heads;
-    const uint16_t* ql = static_cast<const uint16_t*>(p.q) + w.t * p.q_stride_t + int64_t(h) * p.q_stride_h;
-    const uint16_t* qr = p.q_rope != nullptr
-                             ? static_cast<const uint16_t*>(p.q_rope) + w.t * p.q_rope_stride_t + int64_t(h) * p.q_rope_stride_h
-                             : ql + kLatent;
+    // element offsets of head h's latent and RoPE (q_rope, or q past 512) in q's element type
+    const int64_t ol = w.t * p.q_stride_t + int64_t(h) * p.q_stride_h;
+    const int64_t orp = p.q_rope != nullptr ? w.t * p.q_rope_stride_t + int64_t(h) * p.q_rope_stride_h : ol + kLatent;
+    const void* rbase = p.q_rope != nullptr ? p.q_rope : p.q;
     uint32_t v[3][4];  // bf16 pairs of units lane, lane + 32, lane + 64
 #pragma unroll
     for (int k = 0; k < 3; ++k) {
       const int u = lane + 32 * k;
       v[k][0] = v[k][1] = v[k][2] = v[k][3] = 0u;
       if (!head || u >= kMaxDim / 8 || 8 * u >= dims) continue;
-      const uint16_t* src = u < kLatent / 8 ? ql + 8 * u : qr + 8 * (u - kLatent / 8);
-      if (p.q_vec16) {
-        const uint4 x = *reinterpret_cast<const uint4*>(src);
-        v[k][0] = x.x, v[k][1] = x.y, v[k][2] = x.z, v[k][3] = x.w;
-      } else {
+      const bool lat = u < kLatent / 8;
+      const int64_t off = lat ? ol + 8 * u : orp + 8 * (u - kLatent / 8);
+      if (p.q_e4m3) {  // e4m3 -> bf16 exactly (q_scale is in scale_log2), as h64.ws widens it
+        const uint8_t* src = static_cast<const uint8_t*>(lat ? p.q : rbase) + off;
+        uint32_t lo = 0, hi = 0;
+        if (p.q_vec16) {
+          const uint2 x = *reinterpret_cast<const uint2*>(src);
+          lo = x.x, hi = x.y;
+        } else {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) v[k][i] = uint32_t(src[2 * i]) | uint32_t(src[2 * i + 1]) << 16;
+          for (int i = 0; i < 4; ++i) lo |= uint32_t(src[i]) << (8 * i), hi |= uint32_t(src[4 + i]) << (8 * i);
+        }
+        const dq::Chunk c8 = dq::e4m3x8_fast(lo, hi);
+        v[k][0] = c8.w[0], v[k][1] = c8.w[1], v[k][2] = c8.w[2], v[k][3] = c8.w[3];
+      } else {
+        const uint16_t* src = static_cast<const uint16_t*>(lat ? p.q : rbase) + off;
+        if (p.q_vec16) {
+          const uint4 x = *reinterpret_cast<const uint4*>(src);
+          v[k][0] = x.x, v[k][1] = x.y, v[k][2] = x.z, v[k][3] = x.w;
+        } else {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) v[k][i] = uint32_t(src[2 * i]) | uint32_t(src[2 * i + 1]) << 16;
+        }
       }
     }
     auto val = [&](int k, int i) {  // element i (0..7) of unit k as float
