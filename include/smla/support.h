@@ -96,6 +96,9 @@ inline std::span<const CudaVariant> cuda_variants() { return kCudaVariants; }
 inline constexpr int kSwapAbMaxHeads = 16;
 inline constexpr bool kSwapAbByDefault = true;  // 25-31 % faster than h64.ws at T >= 32, equal at T = 1 (s11 run 2)
 bool swapab_enabled();
+// fp8_e4m3 rows on swapab (bf16 scores: a bf16 q, or an e4m3 q with score precision bf16): opt-in,
+// SMLA_SM90_SWAPAB_E4M3=1, read once.
+bool swapab_e4m3_enabled();
 
 // The variant that runs g on dev: the first that supports it; nullptr when none does
 // (support_cuda says why).

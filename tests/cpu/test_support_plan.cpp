@@ -197,8 +197,13 @@ TEST(Support, SwapAbTakesSmallHeadFp8DsMlaWithABf16Q) {
       ASSERT_NE(v, nullptr) << H;
       EXPECT_EQ(std::string(v->name), H <= 16 ? small : "h64.ws") << H << " rope " << rope;
     }
-    for (KvFormat f : {KvFormat::kBF16, KvFormat::kFP8E4M3, KvFormat::kNvFP4DsMla})
+    for (KvFormat f : {KvFormat::kBF16, KvFormat::kNvFP4DsMla})
       EXPECT_STREQ(smla::cuda_variant_for(geo(f, DType::kBF16, H), h200)->name, "h64.ws") << H;
+    // fp8_e4m3 rows: on swapab only with SMLA_SM90_SWAPAB_E4M3=1 (opt-in)
+    const bool e4 = H <= 16 && smla::swapab_enabled() && smla::swapab_e4m3_enabled();
+    EXPECT_EQ(std::string(smla::cuda_variant_for(geo(KvFormat::kFP8E4M3, DType::kBF16, H), h200)->name),
+              e4 ? "swapab" : "h64.ws")
+        << H;
     Geometry q8 = geo(KvFormat::kFP8DsMla, DType::kE4M3, H);
     EXPECT_EQ(std::string(smla::cuda_variant_for(q8, h200)->name), H <= 16 && smla::swapab_enabled() ? "swapab" : "h64.ws.q8")
         << H << " auto";

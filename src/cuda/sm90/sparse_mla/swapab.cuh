@@ -43,8 +43,9 @@
 
 namespace smla::cuda::sm90::sparse_mla {
 
-template <int kN>
+template <int kN, KvFormat kF = KvFormat::kFP8DsMla>
 struct SwabConfig {
+  static_assert(kF == KvFormat::kFP8DsMla || kF == KvFormat::kFP8E4M3, "swapab reads fp8_ds_mla or fp8_e4m3 rows");
   // N = 32 (H <= 32, three stages) ran slower than h64.ws and its odd stage count broke the ring
   // (docs/perf-history.md#s11-swapab-run1): N = 16 only.
   static_assert(kN == 16, "N of the swap-AB wgmma: 16 heads");
@@ -55,8 +56,9 @@ struct SwabConfig {
   // a stage shared in turn would let a consumer wait on a phase two ahead of the one in flight
   // (an mbarrier's phase parity aliases).
   static constexpr int kStages = 4;
-  static constexpr int kRowStride = 672;            // bytes between rows of a stage (656 + 16: bank spread)
-  static constexpr int kRowBytes = 656;             // an fp8_ds_mla row
+  // bytes between rows of a stage: a row (fp8_ds_mla 656, fp8_e4m3 576) and a bank spread of 8 words
+  // mod 32 (the two rows of an S load 16 banks apart, the four rows of a P V load 8 apart)
+  static constexpr int kRowStride = kF == KvFormat::kFP8DsMla ? 672 : 608;
   static constexpr int kStageBytes = kBlockK * kRowStride;
   static constexpr int kOperandBytes = kN * 128;  // one (kN heads x 64 k) bf16 swizzled B operand
   struct SharedStorage {
@@ -154,10 +156,10 @@ __device__ __forceinline__ float pow2(int e) { return __int_as_float((127 + e) <
 // thread's copies arrive on the stage's "full" mbarrier when they land (cp.async.mbarrier.arrive),
 // lane 0 of each warp also arrives after storing its rows' valid bits. L2 fetches are 256 bytes,
 // 128 for a row's last eight chunks (less of the next row pulled from DRAM: s7-l2).
-template <int kN, int kDiag>
-__device__ __forceinline__ void swab_produce(const KernelParams& p, typename SwabConfig<kN>::SharedStorage& s,
+template <int kN, int kDiag, KvFormat kF>
+__device__ __forceinline__ void swab_produce(const KernelParams& p, typename SwabConfig<kN, kF>::SharedStorage& s,
                                              const WsBlock& w, int wt) {
-  using Cfg = SwabConfig<kN>;
+  using Cfg = SwabConfig<kN, kF>;
   const int c = wt & 7, grp = wt >> 3, warp = wt >> 5, lane = wt & 31;
   const int chunks = p.raw_chunks;
   int rows[4];
@@ -210,8 +212,8 @@ __device__ __forceinline__ void swab_produce(const KernelParams& p, typename Swa
 // ---- Q^T into shared memory (both consumers, 256 threads): head h's 576 dims times 2^e_h in the
 // permuted order, bf16, the 128-byte swizzle of a K-major operand (rows = heads); heads past H and
 // (D = 512) the RoPE chunk zero. qfac[h] = scale_log2 * 2^(120 - e_h).
-template <int kN>
-__device__ __forceinline__ void swab_load_q(const KernelParams& p, typename SwabConfig<kN>::SharedStorage& s,
+template <int kN, KvFormat kF>
+__device__ __forceinline__ void swab_load_q(const KernelParams& p, typename SwabConfig<kN, kF>::SharedStorage& s,
                                             const WsBlock& w, int tid) {
   const int warp = tid >> 5, lane = tid & 31;
   const int dims = p.k_steps * 16;  // 576 or 512
@@ -280,7 +282,7 @@ __device__ __forceinline__ void swab_load_q(const KernelParams& p, typename Swab
         const int kl = 16 * ((pd >> 2) & 3) + 2 * (pd >> 4) + (pd & 1) + 8 * ((pd >> 1) & 1);
         const float x = val(k, i) * mul;
         const uint32_t bits = ptx::Bf16::pack(x, 0.0f) & 0xffffu;
-        swab::sts16(row + uint32_t(c * SwabConfig<kN>::kOperandBytes + (((kl >> 3) ^ (h & 7)) << 4) + (kl & 7) * 2),
+        swab::sts16(row + uint32_t(c * SwabConfig<kN, kF>::kOperandBytes + (((kl >> 3) ^ (h & 7)) << 4) + (kl & 7) * 2),
                     uint16_t(bits));
       }
     }
@@ -288,9 +290,12 @@ __device__ __forceinline__ void swab_load_q(const KernelParams& p, typename Swab
 }
 
 // ---- a consumer warpgroup: tiles c, c + 2, ...; its O^T (latent dims x kN heads) in registers.
-template <int kN, int kDiag>
+template <int kN, int kDiag, KvFormat kF = KvFormat::kFP8DsMla>
 struct SwabConsumer {
-  using Cfg = SwabConfig<kN>;
+  using Cfg = SwabConfig<kN, kF>;
+  static constexpr bool kDs = kF == KvFormat::kFP8DsMla;  // per-row tile scales and a bf16 RoPE; else
+                                                          // fp8_e4m3: no scales (k_scale is in the score and
+                                                          // output scales), an e4m3 RoPE
   using Smem = typename Cfg::SharedStorage;
   static constexpr int kNH = kN / 2;  // accumulator registers of an m64nN product
   static constexpr int kNB = kN / 8;  // n8 blocks (heads 8i .. 8i + 7)
@@ -328,10 +333,15 @@ struct SwabConsumer {
         swab::wgmma_rs16(acc, a[k], qd + (2 * j + (k >> 2)) * kChunk + uint32_t(2 * (k & 3)), k == 0 ? 0 : 1);
       ptx::wgmma_commit();
     };
-    auto add = [&](int j, float(&acc)[kNH]) {  // times the rows' scale of tile j
-      const float scl[2] = {__uint_as_float(swab::lds32(r0 + 512 + 4 * j)), __uint_as_float(swab::lds32(r1 + 512 + 4 * j))};
+    auto add = [&](int j, float(&acc)[kNH]) {  // times the rows' scale of tile j (fp8_ds_mla)
+      if constexpr (kDs) {
+        const float scl[2] = {__uint_as_float(swab::lds32(r0 + 512 + 4 * j)), __uint_as_float(swab::lds32(r1 + 512 + 4 * j))};
 #pragma unroll
-      for (int i = 0; i < kNH; ++i) x[i] = fmaf(acc[i], scl[(i >> 1) & 1], x[i]);
+        for (int i = 0; i < kNH; ++i) x[i] = fmaf(acc[i], scl[(i >> 1) & 1], x[i]);
+      } else {
+#pragma unroll
+        for (int i = 0; i < kNH; ++i) x[i] += acc[i];
+      }
     };
     // Two A register sets: chain j + 1 is converted while chain j runs.
     float acc[2][kNH];
@@ -351,14 +361,29 @@ struct SwabConsumer {
     ptx::fence_operands(acc[1]);
     swab::fence_a(a[1]);
     add(3, acc[1]);
-    if (rope) {  // bf16 RoPE at bytes 528..655: lane t's dims [16 t, 16 t + 16), 2 per word
-      uint32_t v0[8], v1[8], ar[4][4];
-      swab::lds128(*reinterpret_cast<uint32_t(*)[4]>(&v0[0]), r0 + 528 + 32 * t);
-      swab::lds128(*reinterpret_cast<uint32_t(*)[4]>(&v0[4]), r0 + 544 + 32 * t);
-      swab::lds128(*reinterpret_cast<uint32_t(*)[4]>(&v1[0]), r1 + 528 + 32 * t);
-      swab::lds128(*reinterpret_cast<uint32_t(*)[4]>(&v1[4]), r1 + 544 + 32 * t);
+    if (rope) {  // fp8_ds_mla: bf16 RoPE at bytes 528..655, lane t's dims [16 t, 16 t + 16), 2 per word;
+                 // fp8_e4m3: e4m3 RoPE at bytes 512..575, converted as the latent chunks
+      uint32_t ar[4][4];
+      if constexpr (kDs) {
+        uint32_t v0[8], v1[8];
+        swab::lds128(*reinterpret_cast<uint32_t(*)[4]>(&v0[0]), r0 + 528 + 32 * t);
+        swab::lds128(*reinterpret_cast<uint32_t(*)[4]>(&v0[4]), r0 + 544 + 32 * t);
+        swab::lds128(*reinterpret_cast<uint32_t(*)[4]>(&v1[0]), r1 + 528 + 32 * t);
+        swab::lds128(*reinterpret_cast<uint32_t(*)[4]>(&v1[4]), r1 + 544 + 32 * t);
 #pragma unroll
-      for (int k = 0; k < 4; ++k) ar[k][0] = v0[2 * k], ar[k][1] = v1[2 * k], ar[k][2] = v0[2 * k + 1], ar[k][3] = v1[2 * k + 1];
+        for (int k = 0; k < 4; ++k) ar[k][0] = v0[2 * k], ar[k][1] = v1[2 * k], ar[k][2] = v0[2 * k + 1], ar[k][3] = v1[2 * k + 1];
+      } else {
+        uint32_t u0[4], u1[4];
+        swab::lds128(u0, r0 + 512 + 16 * t);
+        swab::lds128(u1, r1 + 512 + 16 * t);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          ar[k][0] = swab::e4m3x2_bits<swab::kSelLo>(u0[k], u0[k]);
+          ar[k][1] = swab::e4m3x2_bits<swab::kSelLo>(u1[k], u1[k]);
+          ar[k][2] = swab::e4m3x2_bits<swab::kSelHi>(u0[k], u0[k]);
+          ar[k][3] = swab::e4m3x2_bits<swab::kSelHi>(u1[k], u1[k]);
+        }
+      }
       ptx::wgmma_fence();
 #pragma unroll
       for (int k = 0; k < 4; ++k) swab::wgmma_rs16(acc[0], ar[k], qd + 8 * kChunk + uint32_t(2 * k), k == 0 ? 0 : 1);
@@ -366,10 +391,10 @@ struct SwabConsumer {
       ptx::wgmma_wait<0>();
       ptx::fence_operands(acc[0]);
       swab::fence_a(ar);
-      // the latent chains are in units of 2^(e_h - 120), the RoPE's 2^e_h
-      constexpr float k2m120 = 7.52316384526264e-37f;  // 2^-120
+      // the latent chains are in units of 2^(e_h - 120), a bf16 RoPE's 2^e_h (an e4m3 one's as the latent)
+      constexpr float kRope = kDs ? 7.52316384526264e-37f : 1.0f;  // 2^-120
 #pragma unroll
-      for (int i = 0; i < kNH; ++i) x[i] = fmaf(acc[0][i], k2m120, x[i]);
+      for (int i = 0; i < kNH; ++i) x[i] = fmaf(acc[0][i], kRope, x[i]);
     }
   }
 
@@ -512,8 +537,11 @@ struct SwabConsumer {
       // P^T * scale_j * 2^56 (0 for masked rows: their stale scale is never multiplied) as the
       // K-major B operand of tile j: stmatrix.trans of the (8 rows x 8 heads) blocks.
       {
-        const float4 sc0 = swab::lds128f(kv + uint32_t(slot0 * Cfg::kRowStride) + 512);
-        const float4 sc1 = swab::lds128f(kv + uint32_t(slot1 * Cfg::kRowStride) + 512);
+        float4 sc0 = make_float4(1.0f, 1.0f, 1.0f, 1.0f), sc1 = sc0;  // fp8_e4m3: no row scales
+        if constexpr (kDs) {
+          sc0 = swab::lds128f(kv + uint32_t(slot0 * Cfg::kRowStride) + 512);
+          sc1 = swab::lds128f(kv + uint32_t(slot1 * Cfg::kRowStride) + 512);
+        }
         const float s0[4] = {sc0.x, sc0.y, sc0.z, sc0.w}, s1[4] = {sc1.x, sc1.y, sc1.z, sc1.w};
         // lane l addresses row (head) 8 ib + l % 8 of matrix l / 8 = (ib, r); that matrix's 8 k are
         // rows 16 warp + 8 r + 0..7: chunk 2 warp + r of the head's 128 bytes.
@@ -636,9 +664,9 @@ struct SwabConsumer {
 
 // kDiag (timing only, wrong results; `SMLA_SM90_SWAPAB_DIAG`): 1 the rows' ring alone (consumers
 // release each stage at once), 2 the compute alone (the producer copies nothing).
-template <int kN, int kDiag>
-__global__ void __launch_bounds__(SwabConfig<kN>::kThreads, 1) sparse_mla_swapab_kernel(const __grid_constant__ KernelParams p) {
-  using Cfg = SwabConfig<kN>;
+template <int kN, int kDiag, KvFormat kF>
+__global__ void __launch_bounds__(SwabConfig<kN, kF>::kThreads, 1) sparse_mla_swapab_kernel(const __grid_constant__ KernelParams p) {
+  using Cfg = SwabConfig<kN, kF>;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   auto& s = *reinterpret_cast<typename Cfg::SharedStorage*>(smem_raw);
   const WsBlock w = block_work(p);
@@ -655,20 +683,20 @@ __global__ void __launch_bounds__(SwabConfig<kN>::kThreads, 1) sparse_mla_swapab
   const int wg = threadIdx.x / 128, wt = threadIdx.x % 128;
   if (wg == 2) {
     ptx::setmaxnreg_dec<Cfg::kProducerRegs>();
-    swab_produce<kN, kDiag>(p, s, w, wt);
+    swab_produce<kN, kDiag, kF>(p, s, w, wt);
     return;
   }
   ptx::setmaxnreg_inc<Cfg::kConsumerRegs>();
-  swab_load_q<kN>(p, s, w, threadIdx.x);
+  swab_load_q<kN, kF>(p, s, w, threadIdx.x);
   ptx::fence_proxy_async_smem();
   bar_sync(Bar::kConsumers, kConsumerThreads);
-  SwabConsumer<kN, kDiag>::run(p, s, w, wg, wt);
+  SwabConsumer<kN, kDiag, kF>::run(p, s, w, wg, wt);
 }
 
-template <int kN, int kDiag>
+template <int kN, int kDiag, KvFormat kF>
 void launch_swapab_mode(const KernelParams& p, cudaStream_t stream) {
-  using Cfg = SwabConfig<kN>;
-  auto* kernel = sparse_mla_swapab_kernel<kN, kDiag>;
+  using Cfg = SwabConfig<kN, kF>;
+  auto* kernel = sparse_mla_swapab_kernel<kN, kDiag, kF>;
   static std::atomic<uint64_t> attribute_set{0};
   int dev = 0;
   SMLA_CHECK(cudaGetDevice(&dev) == cudaSuccess, "cudaGetDevice failed");
@@ -696,13 +724,16 @@ inline int swapab_diag_mode() {
 }
 
 // N = 16 (H <= 16).
-template <int kN>
+template <int kN, KvFormat kF>
 void launch_swapab(const KernelParams& p, cudaStream_t stream) {
-  switch (swapab_diag_mode()) {
-    case 1: return launch_swapab_mode<kN, 1>(p, stream);
-    case 2: return launch_swapab_mode<kN, 2>(p, stream);
-    default: return launch_swapab_mode<kN, 0>(p, stream);
+  if constexpr (kF == KvFormat::kFP8DsMla) {  // (the timing-only modes: fp8_ds_mla only)
+    switch (swapab_diag_mode()) {
+      case 1: return launch_swapab_mode<kN, 1, kF>(p, stream);
+      case 2: return launch_swapab_mode<kN, 2, kF>(p, stream);
+      default: break;
+    }
   }
+  launch_swapab_mode<kN, 0, kF>(p, stream);
 }
 
 }  // namespace smla::cuda::sm90::sparse_mla
