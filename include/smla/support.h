@@ -29,7 +29,8 @@ struct Geometry {
 // The geometry of one call (LSE off when p.lse is null).
 Geometry geometry_of(const SparseMlaParams& p);
 
-// The score path g asks for: kAuto is kFP8 when q is e4m3 and the format is fp8_e4m3 or fp8_ds_mla,
+// The score path g asks for: kAuto is kFP8 when q is e4m3 and the format is fp8_e4m3 or fp8_ds_mla
+// (except fp8_ds_mla at H <= kSwapAbMaxHeads while swapab is on: kBF16, the faster path there),
 // else kBF16; an explicit kBF16 / kFP8 is returned as it is (support_common refuses kFP8 where it
 // cannot run, with its reason).
 ScorePrecision resolve_score_precision(const Geometry& g);
@@ -73,7 +74,8 @@ Support supports_sm90_ws_q8(const Geometry& g, const DeviceInfo& dev);
 // In the order they are tried; the first whose supports() is OK runs.
 inline constexpr CudaVariant kCudaVariants[] = {
     {"swapab", ScorePrecision::kBF16,
-     "small-H kernel for fp8_ds_mla with a bf16 q (H <= 16): the rows are the wgmma M dimension (H padded to 16, "
+     "small-H kernel for fp8_ds_mla with a bf16 q or an e4m3 q widened exactly (H <= 16; the default for both, "
+     "score precision auto or bf16): the rows are the wgmma M dimension (H padded to 16, "
      "not 64), raw rows in a cp.async ring, e4m3 converted exactly in registers, tile scales in fp32 (S) and folded "
      "into bf16 P (P V); fp32 sums (DESIGN.md §8: LSE within 1e-3). SMLA_SM90_SWAPAB=0 turns it off",
      supports_sm90_swapab, split_workspace_bytes},
@@ -91,8 +93,12 @@ inline std::span<const CudaVariant> cuda_variants() { return kCudaVariants; }
 
 // Whether the swapab variant may run: the environment switch SMLA_SM90_SWAPAB, read once per
 // process (0: off, any other value: on; unset: kSwapAbByDefault), for same-binary A/B runs.
+inline constexpr int kSwapAbMaxHeads = 16;
 inline constexpr bool kSwapAbByDefault = true;  // 25-31 % faster than h64.ws at T >= 32, equal at T = 1 (s11 run 2)
 bool swapab_enabled();
+// fp8_e4m3 rows on swapab (bf16 scores: a bf16 q, or an e4m3 q with score precision bf16): opt-in,
+// SMLA_SM90_SWAPAB_E4M3=1, read once.
+bool swapab_e4m3_enabled();
 
 // The variant that runs g on dev: the first that supports it; nullptr when none does
 // (support_cuda says why).

@@ -31,9 +31,21 @@ Support support_common(const Geometry& g) {
 
 Support support_cpu(const Geometry& g) { return support_common(g); }
 
+bool swapab_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("SMLA_SM90_SWAPAB");
+    if (e == nullptr || *e == '\0') return kSwapAbByDefault;
+    return std::string(e) != "0";
+  }();
+  return on;
+}
+
 ScorePrecision resolve_score_precision(const Geometry& g) {
   if (g.score_precision != ScorePrecision::kAuto) return g.score_precision;
   const bool fp8_cache = g.format == KvFormat::kFP8E4M3 || g.format == KvFormat::kFP8DsMla;
+  // fp8_ds_mla at H <= 16 with the swap-AB kernel on: its bf16 scores (q widened exactly) run faster
+  // than the fp8 score path there (docs/perf-history.md#s11-swapab), and are the more accurate.
+  if (g.format == KvFormat::kFP8DsMla && g.num_heads <= kSwapAbMaxHeads && swapab_enabled()) return ScorePrecision::kBF16;
   return g.q_dtype == DType::kE4M3 && fp8_cache ? ScorePrecision::kFP8 : ScorePrecision::kBF16;
 }
 
@@ -76,11 +88,11 @@ Support sm90_common(const Geometry& g, const DeviceInfo& dev) {
 
 }  // namespace
 
-bool swapab_enabled() {
+
+bool swapab_e4m3_enabled() {
   static const bool on = [] {
-    const char* e = std::getenv("SMLA_SM90_SWAPAB");
-    if (e == nullptr || *e == '\0') return kSwapAbByDefault;
-    return std::string(e) != "0";
+    const char* e = std::getenv("SMLA_SM90_SWAPAB_E4M3");
+    return e != nullptr && std::string(e) == "1";
   }();
   return on;
 }
@@ -90,11 +102,15 @@ Support supports_sm90_swapab(const Geometry& g, const DeviceInfo& dev) {
   if (!swapab_enabled())
     return {kSwapAbByDefault ? "swapab is turned off by SMLA_SM90_SWAPAB=0; unset it to use it"
                              : "swapab is opt-in; set SMLA_SM90_SWAPAB=1 to use it"};
-  if (g.format != KvFormat::kFP8DsMla) return {"swapab reads fp8_ds_mla rows only; use h64.ws for the other formats"};
-  if (g.q_dtype != DType::kBF16) return {"swapab takes a bf16 q; use h64.ws for an e4m3 q"};
+  if (g.format == KvFormat::kFP8E4M3 && !swapab_e4m3_enabled())
+    return {"swapab reads fp8_e4m3 rows only when SMLA_SM90_SWAPAB_E4M3=1 (being measured); use h64.ws"};
+  if (g.format != KvFormat::kFP8DsMla && g.format != KvFormat::kFP8E4M3)
+    return {"swapab reads fp8_ds_mla and fp8_e4m3 rows only; use h64.ws for the other formats"};
+  if (g.q_dtype != DType::kBF16 && g.q_dtype != DType::kE4M3)
+    return {"swapab takes a bf16 or e4m3 q; use h64.ws for the others"};
   if (resolve_score_precision(g) != ScorePrecision::kBF16)
     return {"swapab computes the scores in bf16, not fp8; use score precision bf16 or auto"};
-  if (g.num_heads > 16) return {"swapab runs H <= 16; use h64.ws for larger H"};
+  if (g.num_heads > kSwapAbMaxHeads) return {"swapab runs H <= 16; use h64.ws for larger H"};
   return {};
 }
 

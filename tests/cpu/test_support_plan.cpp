@@ -181,9 +181,10 @@ TEST(Support, Fp8ScoresNeedAnE4m3QWithAnFp8Cache) {
 // resolve_score_precision: every format x q dtype x {auto, bf16, fp8}. An explicit choice stays as
 // it is (support_common refuses fp8 where it cannot run); auto is fp8 exactly for an e4m3 q with an
 // fp8_e4m3 / fp8_ds_mla cache (the two pairs listed by hand below).
-// The swap-AB small-H kernel runs fp8_ds_mla with a bf16 q at H <= 16 when SMLA_SM90_SWAPAB turns it on
-// (read once per process; opt-in by default); everything else, and the reasons of what nothing runs,
-// stay with the 64-head kernels.
+// The swap-AB small-H kernel runs fp8_ds_mla at H <= 16 with a bf16 q, and with an e4m3 q under score
+// precision auto or bf16 (auto resolves to bf16 there), while SMLA_SM90_SWAPAB leaves it on (read once
+// per process; on by default); fp8 scores asked for explicitly, everything else, and the reasons of
+// what nothing runs stay with the 64-head kernels.
 TEST(Support, SwapAbTakesSmallHeadFp8DsMlaWithABf16Q) {
   const auto h200 = device(9, 0, "NVIDIA H200");
   const std::string small = smla::swapab_enabled() ? "swapab" : "h64.ws";
@@ -196,16 +197,34 @@ TEST(Support, SwapAbTakesSmallHeadFp8DsMlaWithABf16Q) {
       ASSERT_NE(v, nullptr) << H;
       EXPECT_EQ(std::string(v->name), H <= 16 ? small : "h64.ws") << H << " rope " << rope;
     }
-    for (KvFormat f : {KvFormat::kBF16, KvFormat::kFP8E4M3, KvFormat::kNvFP4DsMla})
+    for (KvFormat f : {KvFormat::kBF16, KvFormat::kNvFP4DsMla})
       EXPECT_STREQ(smla::cuda_variant_for(geo(f, DType::kBF16, H), h200)->name, "h64.ws") << H;
-    EXPECT_STREQ(smla::cuda_variant_for(geo(KvFormat::kFP8DsMla, DType::kE4M3, H), h200)->name, "h64.ws.q8") << H;
+    // fp8_e4m3 rows: on swapab only with SMLA_SM90_SWAPAB_E4M3=1 (opt-in)
+    const bool e4 = H <= 16 && smla::swapab_enabled() && smla::swapab_e4m3_enabled();
+    EXPECT_EQ(std::string(smla::cuda_variant_for(geo(KvFormat::kFP8E4M3, DType::kBF16, H), h200)->name),
+              e4 ? "swapab" : "h64.ws")
+        << H;
+    Geometry q8 = geo(KvFormat::kFP8DsMla, DType::kE4M3, H);
+    EXPECT_EQ(std::string(smla::cuda_variant_for(q8, h200)->name), H <= 16 && smla::swapab_enabled() ? "swapab" : "h64.ws.q8")
+        << H << " auto";
+    EXPECT_EQ(smla::resolve_score_precision(q8), H <= 16 && smla::swapab_enabled() ? smla::ScorePrecision::kBF16
+                                                                                   : smla::ScorePrecision::kFP8)
+        << H;
+    q8.score_precision = smla::ScorePrecision::kBF16;
+    EXPECT_EQ(std::string(smla::cuda_variant_for(q8, h200)->name), H <= 16 ? small : "h64.ws") << H << " bf16";
+    q8.score_precision = smla::ScorePrecision::kFP8;  // asked for: the fp8 tensor-core path
+    EXPECT_STREQ(smla::cuda_variant_for(q8, h200)->name, "h64.ws.q8") << H << " fp8";
+    // fp8_e4m3 keeps its fp8 default at every H
+    EXPECT_STREQ(smla::cuda_variant_for(geo(KvFormat::kFP8E4M3, DType::kE4M3, H), h200)->name, "h64.ws.q8") << H;
   }
   // Nothing runs H = 129: the reason is the 64-head kernel's, not swapab's.
   expect_reason(smla::support_cuda(geo(KvFormat::kFP8DsMla, DType::kBF16, 129), h200, true), "128 heads", "H = 129");
   Geometry g = geo(KvFormat::kFP8DsMla, DType::kBF16, 16);
   if (smla::swapab_enabled()) {  // (with SMLA_SM90_SWAPAB=0 every geometry gets the switch's reason)
     expect_reason(smla::supports_sm90_swapab(geo(KvFormat::kBF16, DType::kBF16, 16), h200), "fp8_ds_mla", "bf16 rows");
-    expect_reason(smla::supports_sm90_swapab(geo(KvFormat::kFP8DsMla, DType::kE4M3, 16), h200), "bf16 q", "e4m3 q");
+    Geometry fp8 = geo(KvFormat::kFP8DsMla, DType::kE4M3, 16);
+    fp8.score_precision = smla::ScorePrecision::kFP8;
+    expect_reason(smla::supports_sm90_swapab(fp8, h200), "not fp8", "fp8 scores asked for");
     expect_reason(smla::supports_sm90_swapab(geo(KvFormat::kFP8DsMla, DType::kBF16, 17), h200), "H <= 16", "H = 17");
   } else {
     expect_reason(smla::supports_sm90_swapab(g, h200), "SMLA_SM90_SWAPAB", "switched off");

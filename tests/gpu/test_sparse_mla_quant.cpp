@@ -182,8 +182,13 @@ void run_checked(const ProblemSpec& spec, const std::string& what, smla::ScorePr
   const smla::CudaVariant* variant = smla::cuda_variant_for(smla::geometry_of(p), smla::any_sm90_device());
   ASSERT_NE(variant, nullptr) << "no variant supports this case";
   const smla::ScorePrecision resolved = smla::resolve_score_precision(smla::geometry_of(p));
-  if (score == smla::ScorePrecision::kAuto)  // the default: fp8 scores for an e4m3 q (fp8 caches only take one)
-    EXPECT_STREQ(variant->name, p.q_dtype == DType::kE4M3 ? "h64.ws.q8" : "h64.ws");
+  if (score == smla::ScorePrecision::kAuto) {  // the default: fp8 scores for an e4m3 q (fp8 caches only take one),
+    // except fp8_ds_mla at H <= 16, where the swap-AB kernel runs either q with bf16 scores (s11)
+    const bool swapab = p.num_heads <= 16 && smla::swapab_enabled() &&
+                        (p.format == KvFormat::kFP8DsMla ||
+                         (p.format == KvFormat::kFP8E4M3 && p.q_dtype == DType::kBF16 && smla::swapab_e4m3_enabled()));
+    EXPECT_STREQ(variant->name, swapab ? "swapab" : p.q_dtype == DType::kE4M3 ? "h64.ws.q8" : "h64.ws");
+  }
   else
     EXPECT_EQ(resolved, score);
   EXPECT_EQ(variant->score_precision, resolved) << variant->name;

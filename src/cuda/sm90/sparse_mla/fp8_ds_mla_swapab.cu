@@ -3,5 +3,5 @@
 #include "cuda/sm90/sparse_mla/swapab.cuh"
 
 namespace smla::cuda::sm90::sparse_mla {
-template void launch_swapab<16>(const KernelParams&, cudaStream_t);
+template void launch_swapab<16, KvFormat::kFP8DsMla>(const KernelParams&, cudaStream_t);
 }  // namespace smla::cuda::sm90::sparse_mla

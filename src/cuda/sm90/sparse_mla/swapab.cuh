@@ -1,4 +1,5 @@
-// SM90 sparse MLA, the small-H "swap AB" kernel for fp8_ds_mla rows and a bf16 q (H <= 16): the
+// SM90 sparse MLA, the small-H "swap AB" kernel for fp8_ds_mla rows and a bf16 q (or an e4m3 q,
+// widened to bf16 exactly when Q is staged; H <= 16): the
 // rows, not the heads, are the wgmma M dimension, so N = 16 and nothing is padded to 64 heads
 // (docs/perf-history.md#s11-swapab: the paper bound, the runs, the variants tried).
 //
@@ -35,14 +36,16 @@
 
 #include "cuda/common/ptx.cuh"
 #include "cuda/sm90/sparse_mla/config.h"
+#include "cuda/sm90/sparse_mla/dequant.h"
 #include "cuda/sm90/sparse_mla/launcher.h"
 #include "cuda/sm90/sparse_mla/ws_common.cuh"
 #include "smla/types.h"
 
 namespace smla::cuda::sm90::sparse_mla {
 
-template <int kN>
+template <int kN, KvFormat kF = KvFormat::kFP8DsMla>
 struct SwabConfig {
+  static_assert(kF == KvFormat::kFP8DsMla || kF == KvFormat::kFP8E4M3, "swapab reads fp8_ds_mla or fp8_e4m3 rows");
   // N = 32 (H <= 32, three stages) ran slower than h64.ws and its odd stage count broke the ring
   // (docs/perf-history.md#s11-swapab-run1): N = 16 only.
   static_assert(kN == 16, "N of the swap-AB wgmma: 16 heads");
@@ -53,8 +56,9 @@ struct SwabConfig {
   // a stage shared in turn would let a consumer wait on a phase two ahead of the one in flight
   // (an mbarrier's phase parity aliases).
   static constexpr int kStages = 4;
-  static constexpr int kRowStride = 672;            // bytes between rows of a stage (656 + 16: bank spread)
-  static constexpr int kRowBytes = 656;             // an fp8_ds_mla row
+  // bytes between rows of a stage: a row (fp8_ds_mla 656, fp8_e4m3 576) and a bank spread of 8 words
+  // mod 32 (the two rows of an S load 16 banks apart, the four rows of a P V load 8 apart)
+  static constexpr int kRowStride = kF == KvFormat::kFP8DsMla ? 672 : 608;
   static constexpr int kStageBytes = kBlockK * kRowStride;
   static constexpr int kOperandBytes = kN * 128;  // one (kN heads x 64 k) bf16 swizzled B operand
   struct SharedStorage {
@@ -65,7 +69,6 @@ struct SwabConfig {
     float qfac[kN];                                 // scale_log2 * 2^(120 - e_h)
     float red_m[2][2][4][kN];                       // [consumer][tile parity][warp][head] partial max
     float red_l[2][4][kN];                          // [consumer][warp][head] final partial sums
-    float xch[2][2][kN / 2][128];                   // coop: [consumer][tile parity] its half of S^T
     float fin_m[kN];                                // consumer 1's final max
     uint64_t full[kStages];
     uint64_t empty[kStages];
@@ -153,10 +156,10 @@ __device__ __forceinline__ float pow2(int e) { return __int_as_float((127 + e) <
 // thread's copies arrive on the stage's "full" mbarrier when they land (cp.async.mbarrier.arrive),
 // lane 0 of each warp also arrives after storing its rows' valid bits. L2 fetches are 256 bytes,
 // 128 for a row's last eight chunks (less of the next row pulled from DRAM: s7-l2).
-template <int kN, int kDiag>
-__device__ __forceinline__ void swab_produce(const KernelParams& p, typename SwabConfig<kN>::SharedStorage& s,
+template <int kN, int kDiag, KvFormat kF>
+__device__ __forceinline__ void swab_produce(const KernelParams& p, typename SwabConfig<kN, kF>::SharedStorage& s,
                                              const WsBlock& w, int wt) {
-  using Cfg = SwabConfig<kN>;
+  using Cfg = SwabConfig<kN, kF>;
   const int c = wt & 7, grp = wt >> 3, warp = wt >> 5, lane = wt & 31;
   const int chunks = p.raw_chunks;
   int rows[4];
@@ -209,31 +212,47 @@ __device__ __forceinline__ void swab_produce(const KernelParams& p, typename Swa
 // ---- Q^T into shared memory (both consumers, 256 threads): head h's 576 dims times 2^e_h in the
 // permuted order, bf16, the 128-byte swizzle of a K-major operand (rows = heads); heads past H and
 // (D = 512) the RoPE chunk zero. qfac[h] = scale_log2 * 2^(120 - e_h).
-template <int kN>
-__device__ __forceinline__ void swab_load_q(const KernelParams& p, typename SwabConfig<kN>::SharedStorage& s,
+template <int kN, KvFormat kF>
+__device__ __forceinline__ void swab_load_q(const KernelParams& p, typename SwabConfig<kN, kF>::SharedStorage& s,
                                             const WsBlock& w, int tid) {
   const int warp = tid >> 5, lane = tid & 31;
   const int dims = p.k_steps * 16;  // 576 or 512
   // Lane l holds 8-dim units u = l, l + 32, l + 64 (< 72) of the head: all loads issued at once.
   for (int h = warp; h < kN; h += 8) {
     const bool head = h < p.num_heads;
-    const uint16_t* ql = static_cast<const uint16_t*>(p.q) + w.t * p.q_stride_t + int64_t(h) * p.q_stride_h;
-    const uint16_t* qr = p.q_rope != nullptr
-                             ? static_cast<const uint16_t*>(p.q_rope) + w.t * p.q_rope_stride_t + int64_t(h) * p.q_rope_stride_h
-                             : ql + kLatent;
+    // element offsets of head h's latent and RoPE (q_rope, or q past 512) in q's element type
+    const int64_t ol = w.t * p.q_stride_t + int64_t(h) * p.q_stride_h;
+    const int64_t orp = p.q_rope != nullptr ? w.t * p.q_rope_stride_t + int64_t(h) * p.q_rope_stride_h : ol + kLatent;
+    const void* rbase = p.q_rope != nullptr ? p.q_rope : p.q;
     uint32_t v[3][4];  // bf16 pairs of units lane, lane + 32, lane + 64
 #pragma unroll
     for (int k = 0; k < 3; ++k) {
       const int u = lane + 32 * k;
       v[k][0] = v[k][1] = v[k][2] = v[k][3] = 0u;
       if (!head || u >= kMaxDim / 8 || 8 * u >= dims) continue;
-      const uint16_t* src = u < kLatent / 8 ? ql + 8 * u : qr + 8 * (u - kLatent / 8);
-      if (p.q_vec16) {
-        const uint4 x = *reinterpret_cast<const uint4*>(src);
-        v[k][0] = x.x, v[k][1] = x.y, v[k][2] = x.z, v[k][3] = x.w;
-      } else {
+      const bool lat = u < kLatent / 8;
+      const int64_t off = lat ? ol + 8 * u : orp + 8 * (u - kLatent / 8);
+      if (p.q_e4m3) {  // e4m3 -> bf16 exactly (q_scale is in scale_log2), as h64.ws widens it
+        const uint8_t* src = static_cast<const uint8_t*>(lat ? p.q : rbase) + off;
+        uint32_t lo = 0, hi = 0;
+        if (p.q_vec16) {
+          const uint2 x = *reinterpret_cast<const uint2*>(src);
+          lo = x.x, hi = x.y;
+        } else {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) v[k][i] = uint32_t(src[2 * i]) | uint32_t(src[2 * i + 1]) << 16;
+          for (int i = 0; i < 4; ++i) lo |= uint32_t(src[i]) << (8 * i), hi |= uint32_t(src[4 + i]) << (8 * i);
+        }
+        const dq::Chunk c8 = dq::e4m3x8_fast(lo, hi);
+        v[k][0] = c8.w[0], v[k][1] = c8.w[1], v[k][2] = c8.w[2], v[k][3] = c8.w[3];
+      } else {
+        const uint16_t* src = static_cast<const uint16_t*>(lat ? p.q : rbase) + off;
+        if (p.q_vec16) {
+          const uint4 x = *reinterpret_cast<const uint4*>(src);
+          v[k][0] = x.x, v[k][1] = x.y, v[k][2] = x.z, v[k][3] = x.w;
+        } else {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) v[k][i] = uint32_t(src[2 * i]) | uint32_t(src[2 * i + 1]) << 16;
+        }
       }
     }
     auto val = [&](int k, int i) {  // element i (0..7) of unit k as float
@@ -263,7 +282,7 @@ __device__ __forceinline__ void swab_load_q(const KernelParams& p, typename Swab
         const int kl = 16 * ((pd >> 2) & 3) + 2 * (pd >> 4) + (pd & 1) + 8 * ((pd >> 1) & 1);
         const float x = val(k, i) * mul;
         const uint32_t bits = ptx::Bf16::pack(x, 0.0f) & 0xffffu;
-        swab::sts16(row + uint32_t(c * SwabConfig<kN>::kOperandBytes + (((kl >> 3) ^ (h & 7)) << 4) + (kl & 7) * 2),
+        swab::sts16(row + uint32_t(c * SwabConfig<kN, kF>::kOperandBytes + (((kl >> 3) ^ (h & 7)) << 4) + (kl & 7) * 2),
                     uint16_t(bits));
       }
     }
@@ -271,9 +290,12 @@ __device__ __forceinline__ void swab_load_q(const KernelParams& p, typename Swab
 }
 
 // ---- a consumer warpgroup: tiles c, c + 2, ...; its O^T (latent dims x kN heads) in registers.
-template <int kN, int kDiag>
+template <int kN, int kDiag, KvFormat kF = KvFormat::kFP8DsMla>
 struct SwabConsumer {
-  using Cfg = SwabConfig<kN>;
+  using Cfg = SwabConfig<kN, kF>;
+  static constexpr bool kDs = kF == KvFormat::kFP8DsMla;  // per-row tile scales and a bf16 RoPE; else
+                                                          // fp8_e4m3: no scales (k_scale is in the score and
+                                                          // output scales), an e4m3 RoPE
   using Smem = typename Cfg::SharedStorage;
   static constexpr int kNH = kN / 2;  // accumulator registers of an m64nN product
   static constexpr int kNB = kN / 8;  // n8 blocks (heads 8i .. 8i + 7)
@@ -311,10 +333,15 @@ struct SwabConsumer {
         swab::wgmma_rs16(acc, a[k], qd + (2 * j + (k >> 2)) * kChunk + uint32_t(2 * (k & 3)), k == 0 ? 0 : 1);
       ptx::wgmma_commit();
     };
-    auto add = [&](int j, float(&acc)[kNH]) {  // times the rows' scale of tile j
-      const float scl[2] = {__uint_as_float(swab::lds32(r0 + 512 + 4 * j)), __uint_as_float(swab::lds32(r1 + 512 + 4 * j))};
+    auto add = [&](int j, float(&acc)[kNH]) {  // times the rows' scale of tile j (fp8_ds_mla)
+      if constexpr (kDs) {
+        const float scl[2] = {__uint_as_float(swab::lds32(r0 + 512 + 4 * j)), __uint_as_float(swab::lds32(r1 + 512 + 4 * j))};
 #pragma unroll
-      for (int i = 0; i < kNH; ++i) x[i] = fmaf(acc[i], scl[(i >> 1) & 1], x[i]);
+        for (int i = 0; i < kNH; ++i) x[i] = fmaf(acc[i], scl[(i >> 1) & 1], x[i]);
+      } else {
+#pragma unroll
+        for (int i = 0; i < kNH; ++i) x[i] += acc[i];
+      }
     };
     // Two A register sets: chain j + 1 is converted while chain j runs.
     float acc[2][kNH];
@@ -334,14 +361,29 @@ struct SwabConsumer {
     ptx::fence_operands(acc[1]);
     swab::fence_a(a[1]);
     add(3, acc[1]);
-    if (rope) {  // bf16 RoPE at bytes 528..655: lane t's dims [16 t, 16 t + 16), 2 per word
-      uint32_t v0[8], v1[8], ar[4][4];
-      swab::lds128(*reinterpret_cast<uint32_t(*)[4]>(&v0[0]), r0 + 528 + 32 * t);
-      swab::lds128(*reinterpret_cast<uint32_t(*)[4]>(&v0[4]), r0 + 544 + 32 * t);
-      swab::lds128(*reinterpret_cast<uint32_t(*)[4]>(&v1[0]), r1 + 528 + 32 * t);
-      swab::lds128(*reinterpret_cast<uint32_t(*)[4]>(&v1[4]), r1 + 544 + 32 * t);
+    if (rope) {  // fp8_ds_mla: bf16 RoPE at bytes 528..655, lane t's dims [16 t, 16 t + 16), 2 per word;
+                 // fp8_e4m3: e4m3 RoPE at bytes 512..575, converted as the latent chunks
+      uint32_t ar[4][4];
+      if constexpr (kDs) {
+        uint32_t v0[8], v1[8];
+        swab::lds128(*reinterpret_cast<uint32_t(*)[4]>(&v0[0]), r0 + 528 + 32 * t);
+        swab::lds128(*reinterpret_cast<uint32_t(*)[4]>(&v0[4]), r0 + 544 + 32 * t);
+        swab::lds128(*reinterpret_cast<uint32_t(*)[4]>(&v1[0]), r1 + 528 + 32 * t);
+        swab::lds128(*reinterpret_cast<uint32_t(*)[4]>(&v1[4]), r1 + 544 + 32 * t);
 #pragma unroll
-      for (int k = 0; k < 4; ++k) ar[k][0] = v0[2 * k], ar[k][1] = v1[2 * k], ar[k][2] = v0[2 * k + 1], ar[k][3] = v1[2 * k + 1];
+        for (int k = 0; k < 4; ++k) ar[k][0] = v0[2 * k], ar[k][1] = v1[2 * k], ar[k][2] = v0[2 * k + 1], ar[k][3] = v1[2 * k + 1];
+      } else {
+        uint32_t u0[4], u1[4];
+        swab::lds128(u0, r0 + 512 + 16 * t);
+        swab::lds128(u1, r1 + 512 + 16 * t);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          ar[k][0] = swab::e4m3x2_bits<swab::kSelLo>(u0[k], u0[k]);
+          ar[k][1] = swab::e4m3x2_bits<swab::kSelLo>(u1[k], u1[k]);
+          ar[k][2] = swab::e4m3x2_bits<swab::kSelHi>(u0[k], u0[k]);
+          ar[k][3] = swab::e4m3x2_bits<swab::kSelHi>(u1[k], u1[k]);
+        }
+      }
       ptx::wgmma_fence();
 #pragma unroll
       for (int k = 0; k < 4; ++k) swab::wgmma_rs16(acc[0], ar[k], qd + 8 * kChunk + uint32_t(2 * k), k == 0 ? 0 : 1);
@@ -349,10 +391,10 @@ struct SwabConsumer {
       ptx::wgmma_wait<0>();
       ptx::fence_operands(acc[0]);
       swab::fence_a(ar);
-      // the latent chains are in units of 2^(e_h - 120), the RoPE's 2^e_h
-      constexpr float k2m120 = 7.52316384526264e-37f;  // 2^-120
+      // the latent chains are in units of 2^(e_h - 120), a bf16 RoPE's 2^e_h (an e4m3 one's as the latent)
+      constexpr float kRope = kDs ? 7.52316384526264e-37f : 1.0f;  // 2^-120
 #pragma unroll
-      for (int i = 0; i < kNH; ++i) x[i] = fmaf(acc[0][i], k2m120, x[i]);
+      for (int i = 0; i < kNH; ++i) x[i] = fmaf(acc[0][i], kRope, x[i]);
     }
   }
 
@@ -495,8 +537,11 @@ struct SwabConsumer {
       // P^T * scale_j * 2^56 (0 for masked rows: their stale scale is never multiplied) as the
       // K-major B operand of tile j: stmatrix.trans of the (8 rows x 8 heads) blocks.
       {
-        const float4 sc0 = swab::lds128f(kv + uint32_t(slot0 * Cfg::kRowStride) + 512);
-        const float4 sc1 = swab::lds128f(kv + uint32_t(slot1 * Cfg::kRowStride) + 512);
+        float4 sc0 = make_float4(1.0f, 1.0f, 1.0f, 1.0f), sc1 = sc0;  // fp8_e4m3: no row scales
+        if constexpr (kDs) {
+          sc0 = swab::lds128f(kv + uint32_t(slot0 * Cfg::kRowStride) + 512);
+          sc1 = swab::lds128f(kv + uint32_t(slot1 * Cfg::kRowStride) + 512);
+        }
         const float s0[4] = {sc0.x, sc0.y, sc0.z, sc0.w}, s1[4] = {sc1.x, sc1.y, sc1.z, sc1.w};
         // lane l addresses row (head) 8 ib + l % 8 of matrix l / 8 = (ib, r); that matrix's 8 k are
         // rows 16 warp + 8 r + 0..7: chunk 2 warp + r of the head's 128 bytes.
@@ -615,300 +660,13 @@ struct SwabConsumer {
       }
   }
 
-  // ---- SMLA_SM90_SWAPAB_COOP=1: both consumers on every tile. Consumer c runs S's chains of latent
-  // tiles 2c, 2c + 1 (c = 1 also the RoPE), the two halves of S^T are exchanged through shared memory
-  // (both then hold the same S and run the same softmax, bit for bit), and P V for latent dims
-  // [256 c, 256 c + 256) (m-tiles 4c .. 4c + 3). A stage is released when both are done with it, each
-  // tile in about half the time: more of the ring's stages stay in flight.
-  __device__ __forceinline__ static void scores_half(uint32_t kv, uint32_t q_base, int slot0, int slot1, int t, int c,
-                                                     bool rope, float (&x)[kNH]) {
-    const uint32_t r0 = kv + uint32_t(slot0 * Cfg::kRowStride), r1 = kv + uint32_t(slot1 * Cfg::kRowStride);
-    const uint64_t qd = ptx::sw128_desc(q_base, 16, 1024);
-    constexpr uint32_t kChunk = uint32_t(Cfg::kOperandBytes >> 4);
-#pragma unroll
-    for (int i = 0; i < kNH; ++i) x[i] = 0.0f;
-    auto convert = [&](int j, uint32_t(&a)[8][4]) {
-#pragma unroll
-      for (int cc = 0; cc < 2; ++cc) {
-        uint32_t u0[4], u1[4];
-        const uint32_t off = uint32_t((2 * j + cc) * 64 + 16 * t);
-        swab::lds128(u0, r0 + off);
-        swab::lds128(u1, r1 + off);
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          a[4 * cc + k][0] = swab::e4m3x2_bits<swab::kSelLo>(u0[k], u0[k]);
-          a[4 * cc + k][1] = swab::e4m3x2_bits<swab::kSelLo>(u1[k], u1[k]);
-          a[4 * cc + k][2] = swab::e4m3x2_bits<swab::kSelHi>(u0[k], u0[k]);
-          a[4 * cc + k][3] = swab::e4m3x2_bits<swab::kSelHi>(u1[k], u1[k]);
-        }
-      }
-    };
-    auto issue = [&](int j, uint32_t(&a)[8][4], float(&acc)[kNH]) {
-      ptx::wgmma_fence();
-#pragma unroll
-      for (int k = 0; k < 8; ++k)
-        swab::wgmma_rs16(acc, a[k], qd + uint32_t(2 * j + (k >> 2)) * kChunk + uint32_t(2 * (k & 3)), k == 0 ? 0 : 1);
-      ptx::wgmma_commit();
-    };
-    auto add = [&](int j, float(&acc)[kNH]) {
-      const float scl[2] = {__uint_as_float(swab::lds32(r0 + 512 + 4 * j)), __uint_as_float(swab::lds32(r1 + 512 + 4 * j))};
-#pragma unroll
-      for (int i = 0; i < kNH; ++i) x[i] = fmaf(acc[i], scl[(i >> 1) & 1], x[i]);
-    };
-    float acc[2][kNH];
-    uint32_t a[2][8][4];
-    convert(2 * c, a[0]);
-    issue(2 * c, a[0], acc[0]);
-    convert(2 * c + 1, a[1]);
-    issue(2 * c + 1, a[1], acc[1]);
-    ptx::wgmma_wait<1>();
-    ptx::fence_operands(acc[0]);
-    swab::fence_a(a[0]);
-    add(2 * c, acc[0]);
-    ptx::wgmma_wait<0>();
-    ptx::fence_operands(acc[1]);
-    swab::fence_a(a[1]);
-    add(2 * c + 1, acc[1]);
-    if (rope) {  // (consumer 1) bf16 RoPE at bytes 528..655, as in scores()
-      uint32_t v0[8], v1[8], ar[4][4];
-      swab::lds128(*reinterpret_cast<uint32_t(*)[4]>(&v0[0]), r0 + 528 + 32 * t);
-      swab::lds128(*reinterpret_cast<uint32_t(*)[4]>(&v0[4]), r0 + 544 + 32 * t);
-      swab::lds128(*reinterpret_cast<uint32_t(*)[4]>(&v1[0]), r1 + 528 + 32 * t);
-      swab::lds128(*reinterpret_cast<uint32_t(*)[4]>(&v1[4]), r1 + 544 + 32 * t);
-#pragma unroll
-      for (int k = 0; k < 4; ++k) ar[k][0] = v0[2 * k], ar[k][1] = v1[2 * k], ar[k][2] = v0[2 * k + 1], ar[k][3] = v1[2 * k + 1];
-      ptx::wgmma_fence();
-#pragma unroll
-      for (int k = 0; k < 4; ++k) swab::wgmma_rs16(acc[0], ar[k], qd + 8 * kChunk + uint32_t(2 * k), k == 0 ? 0 : 1);
-      ptx::wgmma_commit();
-      ptx::wgmma_wait<0>();
-      ptx::fence_operands(acc[0]);
-      swab::fence_a(ar);
-      constexpr float k2m120 = 7.52316384526264e-37f;  // 2^-120
-#pragma unroll
-      for (int i = 0; i < kNH; ++i) x[i] = fmaf(acc[0][i], k2m120, x[i]);
-    }
-  }
-
-  // O^T[256 c, 256 c + 256) += V^T P^T: m-tiles 4c + l (l < 4) of latent tiles 2c, 2c + 1 (P^T buffers
-  // s.p[c][0], s.p[c][1]).
-  __device__ __forceinline__ static void pv_half(uint32_t kv, uint32_t p_base, int w, int g, int t, int c,
-                                                 uint32_t empty, float (&o)[4][kNH]) {
-    constexpr uint32_t kOp = uint32_t(Cfg::kOperandBytes >> 4);
-    const uint64_t pd = ptx::sw128_desc(p_base, 16, 1024);
-    const uint32_t col = uint32_t(4 * (8 * w + g) + 256 * c);
-    auto convert = [&](int ks, uint32_t(&a)[4][4]) {
-      uint32_t wd[4][2];
-#pragma unroll
-      for (int cc = 0; cc < 4; ++cc) {
-        const int m = 16 * ks + 2 * t + (cc & 1) + 8 * (cc >> 1);
-        const uint32_t row = kv + uint32_t(swab::slot_of(m) * Cfg::kRowStride) + col;
-#pragma unroll
-        for (int jj = 0; jj < 2; ++jj) wd[cc][jj] = swab::lds32(row + uint32_t(128 * jj));
-      }
-#pragma unroll
-      for (int jj = 0; jj < 2; ++jj) {
-        a[2 * jj][0] = swab::e4m3x2_bits<swab::kPair<0>>(wd[0][jj], wd[1][jj]);
-        a[2 * jj][1] = swab::e4m3x2_bits<swab::kPair<1>>(wd[0][jj], wd[1][jj]);
-        a[2 * jj][2] = swab::e4m3x2_bits<swab::kPair<0>>(wd[2][jj], wd[3][jj]);
-        a[2 * jj][3] = swab::e4m3x2_bits<swab::kPair<1>>(wd[2][jj], wd[3][jj]);
-        a[2 * jj + 1][0] = swab::e4m3x2_bits<swab::kPair<2>>(wd[0][jj], wd[1][jj]);
-        a[2 * jj + 1][1] = swab::e4m3x2_bits<swab::kPair<3>>(wd[0][jj], wd[1][jj]);
-        a[2 * jj + 1][2] = swab::e4m3x2_bits<swab::kPair<2>>(wd[2][jj], wd[3][jj]);
-        a[2 * jj + 1][3] = swab::e4m3x2_bits<swab::kPair<3>>(wd[2][jj], wd[3][jj]);
-      }
-    };
-    uint32_t a[2][4][4];
-    auto issue = [&](int ks, uint32_t(&ak)[4][4]) {
-      ptx::wgmma_fence();
-#pragma unroll
-      for (int l = 0; l < 4; ++l) swab::wgmma_rs16(o[l], ak[l], pd + uint32_t(l >> 1) * kOp + uint32_t(2 * ks), 1);
-      ptx::wgmma_commit();
-    };
-#pragma unroll
-    for (int ks = 0; ks < 4; ++ks) {
-      if (ks >= 2) {
-        ptx::wgmma_wait<1>();
-        swab::fence_a(a[ks & 1]);
-      }
-      convert(ks, a[ks & 1]);
-      if (ks == 3) ptx::mbar_arrive(empty);
-      issue(ks, a[ks & 1]);
-    }
-    ptx::wgmma_wait<0>();
-    swab::fence_a(a[0]);
-    swab::fence_a(a[1]);
-#pragma unroll
-    for (int l = 0; l < 4; ++l) ptx::fence_operands(o[l]);
-  }
-
-  __device__ __forceinline__ static void run_coop(const KernelParams& p, Smem& s, const WsBlock& w, int c, int wt) {
-    const int warp = wt >> 5, lane = wt & 31, g = lane >> 2, t = lane & 3;
-    const uint32_t bar_wg = 2u + uint32_t(c);
-    const bool rope = p.k_steps > kLatent / 16;
-    const int m0 = 16 * warp + g, m1 = m0 + 8;
-    const int slot0 = swab::slot_of(m0), slot1 = swab::slot_of(m1);
-    float qf[kNB][2];
-#pragma unroll
-    for (int i = 0; i < kNB; ++i) qf[i][0] = s.qfac[8 * i + 2 * t], qf[i][1] = s.qfac[8 * i + 2 * t + 1];
-    float o[4][kNH];
-#pragma unroll
-    for (int l = 0; l < 4; ++l)
-#pragma unroll
-      for (int i = 0; i < kNH; ++i) o[l][i] = 0.0f;
-    float m_run[kNB][2], l_run[kNB][2];
-#pragma unroll
-    for (int i = 0; i < kNB; ++i) m_run[i][0] = m_run[i][1] = -INFINITY, l_run[i][0] = l_run[i][1] = 0.0f;
-    constexpr float k2p56 = 72057594037927936.0f;
-    const uint32_t q_base = ptx::smem_addr(s.q);
-    for (int tile = 0; tile < w.num_tiles; ++tile) {
-      const int st = tile % Cfg::kStages, par = tile & 1;
-      ptx::mbar_wait(ws_bar(s.full[st]), uint32_t((tile / Cfg::kStages) & 1));
-      const uint32_t kv = ptx::smem_addr(s.kv[st]);
-      const uint64_t vmask = s.valid[st][0] | s.valid[st][1] | s.valid[st][2] | s.valid[st][3];
-      const bool v0 = (vmask >> slot0) & 1, v1 = (vmask >> slot1) & 1;
-      float x[kNH];
-      scores_half(kv, q_base, slot0, slot1, t, c, rope && c == 1, x);
-      // the halves of S^T: consumer 0's + consumer 1's, in that order in both (the same bits)
-#pragma unroll
-      for (int i = 0; i < kNH; ++i) s.xch[c][par][i][wt] = x[i];
-      bar_sync(Bar::kConsumers, kConsumerThreads);
-#pragma unroll
-      for (int i = 0; i < kNH; ++i) {
-        const float other = s.xch[1 - c][par][i][wt];
-        x[i] = c == 0 ? x[i] + other : other + x[i];
-      }
-      float mx[kNB][2];
-#pragma unroll
-      for (int i = 0; i < kNB; ++i)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const float s0 = v0 ? x[4 * i + e] * qf[i][e] : -INFINITY;
-          const float s1 = v1 ? x[4 * i + 2 + e] * qf[i][e] : -INFINITY;
-          x[4 * i + e] = s0, x[4 * i + 2 + e] = s1;
-          float m = fmaxf(s0, s1);
-          m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 4));
-          m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 8));
-          m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 16));
-          mx[i][e] = m;
-        }
-      if (g == 0) {
-#pragma unroll
-        for (int i = 0; i < kNB; ++i)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) s.red_m[c][par][warp][8 * i + 2 * t + e] = mx[i][e];
-      }
-      ptx::named_sync(bar_wg, 128);
-      float f[kNB][2];
-      bool any_f = false;
-#pragma unroll
-      for (int i = 0; i < kNB; ++i)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int h = 8 * i + 2 * t + e;
-          float m = fmaxf(fmaxf(s.red_m[c][par][0][h], s.red_m[c][par][1][h]),
-                          fmaxf(s.red_m[c][par][2][h], s.red_m[c][par][3][h]));
-          m = fmaxf(m, m_run[i][e]);
-          f[i][e] = m == m_run[i][e] ? 1.0f : ws::rescale(m_run[i][e], m);
-          any_f |= f[i][e] != 1.0f;
-          m_run[i][e] = m;
-          const float nref = -ws::ref_of(m);
-          const float p0 = ptx::fast_exp2(x[4 * i + e] + nref), p1 = ptx::fast_exp2(x[4 * i + 2 + e] + nref);
-          x[4 * i + e] = p0, x[4 * i + 2 + e] = p1;
-          l_run[i][e] = l_run[i][e] * f[i][e] + p0 + p1;
-        }
-      if (__any_sync(0xffffffffu, any_f)) {
-#pragma unroll
-        for (int l = 0; l < 4; ++l)
-#pragma unroll
-          for (int i = 0; i < kNH; ++i) o[l][i] *= f[i >> 2][i & 1];
-      }
-      {  // P^T of latent tiles 2c, 2c + 1 (as in run())
-        const float4 sc0 = swab::lds128f(kv + uint32_t(slot0 * Cfg::kRowStride) + 512);
-        const float4 sc1 = swab::lds128f(kv + uint32_t(slot1 * Cfg::kRowStride) + 512);
-        const float s0[4] = {sc0.x, sc0.y, sc0.z, sc0.w}, s1[4] = {sc1.x, sc1.y, sc1.z, sc1.w};
-#pragma unroll
-        for (int jj = 0; jj < 2; ++jj) {
-          const float sj0 = c == 0 ? s0[jj] : s0[2 + jj], sj1 = c == 0 ? s1[jj] : s1[2 + jj];
-          const float f0 = v0 ? sj0 * k2p56 : 0.0f, f1 = v1 ? sj1 * k2p56 : 0.0f;
-          const uint32_t pb = ptx::smem_addr(s.p[c][jj]);
-#pragma unroll
-          for (int q4 = 0; q4 < kNB / 2; ++q4) {
-            uint32_t r4[4];
-#pragma unroll
-            for (int k = 0; k < 4; ++k) {
-              const int ib = 2 * q4 + (k >> 1), r = k & 1;
-              const float fr = r ? f1 : f0;
-              r4[k] = ptx::Bf16::pack(x[4 * ib + 2 * r] * fr, x[4 * ib + 2 * r + 1] * fr);
-            }
-            const int mi = lane >> 3, ib = 2 * q4 + (mi >> 1), r = mi & 1;
-            const int h = 8 * ib + (lane & 7);
-            swab::stmatrix_x4_trans(pb + uint32_t(h * 128 + (((2 * warp + r) ^ (h & 7)) << 4)), r4);
-          }
-        }
-      }
-      ptx::fence_proxy_async_smem();
-      ptx::named_sync(bar_wg, 128);
-      pv_half(kv, ptx::smem_addr(s.p[c][0]), warp, g, t, c, ws_bar(s.empty[st]), o);
-    }
-    // Both consumers hold the same m and l: each normalizes and stores its 256 dims; consumer 0 the LSE.
-#pragma unroll
-    for (int i = 0; i < kNB; ++i)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        float l = l_run[i][e];
-        l += __shfl_xor_sync(0xffffffffu, l, 4);
-        l += __shfl_xor_sync(0xffffffffu, l, 8);
-        l += __shfl_xor_sync(0xffffffffu, l, 16);
-        if (g == 0) s.red_l[c][warp][8 * i + 2 * t + e] = l;
-      }
-    ptx::named_sync(bar_wg, 128);
-    const int dcol = 4 * (8 * warp + g);
-#pragma unroll
-    for (int i = 0; i < kNB; ++i)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int h = 8 * i + 2 * t + e;
-        if (h >= p.num_heads) continue;
-        const float m = m_run[i][e];
-        const float l = s.red_l[c][0][h] + s.red_l[c][1][h] + s.red_l[c][2][h] + s.red_l[c][3][h];
-        float denom = l;
-        if (p.num_splits == 1 && p.sink != nullptr && l > 0.0f) denom += exp2f(p.sink[h] * kLog2e - m);
-        const float sc = l > 0.0f ? p.out_scale * 18446744073709551616.0f / denom : 0.0f;  // 2^64
-        const float lse = l > 0.0f ? (m + log2f(l)) * kLn2 : -INFINITY;
-        uint16_t* dst;
-        bool vec = true;
-        if (p.num_splits == 1) {
-          dst = static_cast<uint16_t*>(p.out) + w.t * p.out_stride_t + int64_t(h) * p.out_stride_h;
-          vec = (reinterpret_cast<uintptr_t>(dst) & 7) == 0;
-          if (c == 0 && p.lse != nullptr && warp == 0 && g == 0)
-            p.lse[w.t * p.lse_stride_t + h] = p.lse_base2 ? lse * kLog2e : lse;
-        } else {
-          const int64_t part = (w.t * p.num_heads + h) * p.num_splits + w.split;
-          dst = p.part_out + part * kLatent;
-          if (c == 0 && warp == 0 && g == 0) p.part_lse[part] = lse;
-        }
-#pragma unroll
-        for (int jj = 0; jj < 2; ++jj) {
-          const uint32_t lo = ptx::Bf16::pack(o[2 * jj][4 * i + e] * sc, o[2 * jj][4 * i + 2 + e] * sc);
-          const uint32_t hi = ptx::Bf16::pack(o[2 * jj + 1][4 * i + e] * sc, o[2 * jj + 1][4 * i + 2 + e] * sc);
-          uint16_t* d = dst + 128 * (2 * c + jj) + dcol;
-          if (vec) {
-            *reinterpret_cast<uint2*>(d) = make_uint2(lo, hi);
-          } else {
-            d[0] = uint16_t(lo & 0xffffu), d[1] = uint16_t(lo >> 16), d[2] = uint16_t(hi & 0xffffu), d[3] = uint16_t(hi >> 16);
-          }
-        }
-      }
-  }
 };
 
 // kDiag (timing only, wrong results; `SMLA_SM90_SWAPAB_DIAG`): 1 the rows' ring alone (consumers
-// release each stage at once), 2 the compute alone (the producer copies nothing). kCoop: both
-// consumers on every tile (run_coop; `SMLA_SM90_SWAPAB_COOP=1`).
-template <int kN, int kDiag, bool kCoop = false>
-__global__ void __launch_bounds__(SwabConfig<kN>::kThreads, 1) sparse_mla_swapab_kernel(const __grid_constant__ KernelParams p) {
-  using Cfg = SwabConfig<kN>;
+// release each stage at once), 2 the compute alone (the producer copies nothing).
+template <int kN, int kDiag, KvFormat kF>
+__global__ void __launch_bounds__(SwabConfig<kN, kF>::kThreads, 1) sparse_mla_swapab_kernel(const __grid_constant__ KernelParams p) {
+  using Cfg = SwabConfig<kN, kF>;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   auto& s = *reinterpret_cast<typename Cfg::SharedStorage*>(smem_raw);
   const WsBlock w = block_work(p);
@@ -916,7 +674,7 @@ __global__ void __launch_bounds__(SwabConfig<kN>::kThreads, 1) sparse_mla_swapab
     for (int i = 0; i < Cfg::kStages; ++i) {
       // every producer thread's copies landed (128) and the 4 warps' valid bits stored
       ptx::mbar_init(ws_bar(s.full[i]), 128 + 4);
-      ptx::mbar_init(ws_bar(s.empty[i]), kCoop ? 256 : 128);  // the consuming warpgroup(s), once per tile
+      ptx::mbar_init(ws_bar(s.empty[i]), 128);  // the consuming warpgroup, once per tile
     }
     ptx::fence_mbar_init();
   }
@@ -925,21 +683,20 @@ __global__ void __launch_bounds__(SwabConfig<kN>::kThreads, 1) sparse_mla_swapab
   const int wg = threadIdx.x / 128, wt = threadIdx.x % 128;
   if (wg == 2) {
     ptx::setmaxnreg_dec<Cfg::kProducerRegs>();
-    swab_produce<kN, kDiag>(p, s, w, wt);
+    swab_produce<kN, kDiag, kF>(p, s, w, wt);
     return;
   }
   ptx::setmaxnreg_inc<Cfg::kConsumerRegs>();
-  swab_load_q<kN>(p, s, w, threadIdx.x);
+  swab_load_q<kN, kF>(p, s, w, threadIdx.x);
   ptx::fence_proxy_async_smem();
   bar_sync(Bar::kConsumers, kConsumerThreads);
-  if constexpr (kCoop) SwabConsumer<kN, kDiag>::run_coop(p, s, w, wg, wt);
-  else SwabConsumer<kN, kDiag>::run(p, s, w, wg, wt);
+  SwabConsumer<kN, kDiag, kF>::run(p, s, w, wg, wt);
 }
 
-template <int kN, int kDiag, bool kCoop = false>
+template <int kN, int kDiag, KvFormat kF>
 void launch_swapab_mode(const KernelParams& p, cudaStream_t stream) {
-  using Cfg = SwabConfig<kN>;
-  auto* kernel = sparse_mla_swapab_kernel<kN, kDiag, kCoop>;
+  using Cfg = SwabConfig<kN, kF>;
+  auto* kernel = sparse_mla_swapab_kernel<kN, kDiag, kF>;
   static std::atomic<uint64_t> attribute_set{0};
   int dev = 0;
   SMLA_CHECK(cudaGetDevice(&dev) == cudaSuccess, "cudaGetDevice failed");
@@ -966,25 +723,17 @@ inline int swapab_diag_mode() {
   return mode;
 }
 
-// SMLA_SM90_SWAPAB_COOP=1 (read once): both consumers on every tile (opt-in, being measured).
-inline bool swapab_coop() {
-  static const bool on = [] {
-    const char* e = std::getenv("SMLA_SM90_SWAPAB_COOP");
-    return e != nullptr && std::string(e) == "1";
-  }();
-  return on;
-}
-
 // N = 16 (H <= 16).
-template <int kN>
+template <int kN, KvFormat kF>
 void launch_swapab(const KernelParams& p, cudaStream_t stream) {
-  switch (swapab_diag_mode()) {
-    case 1: return launch_swapab_mode<kN, 1>(p, stream);
-    case 2: return launch_swapab_mode<kN, 2>(p, stream);
-    default: break;
+  if constexpr (kF == KvFormat::kFP8DsMla) {  // (the timing-only modes: fp8_ds_mla only)
+    switch (swapab_diag_mode()) {
+      case 1: return launch_swapab_mode<kN, 1, kF>(p, stream);
+      case 2: return launch_swapab_mode<kN, 2, kF>(p, stream);
+      default: break;
+    }
   }
-  if (swapab_coop()) return launch_swapab_mode<kN, 0, true>(p, stream);
-  launch_swapab_mode<kN, 0>(p, stream);
+  launch_swapab_mode<kN, 0, kF>(p, stream);
 }
 
 }  // namespace smla::cuda::sm90::sparse_mla
