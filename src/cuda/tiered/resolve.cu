@@ -14,7 +14,8 @@
 //      radix sorts (9 keys per thread for R <= 4608, 16 up to R = 8192; the slot keys are 32-bit
 //      while the clock is below 2^18), pair them rank by rank, update map, slot positions and
 //      stamps. A request with at most kSmallMisses misses and 32-bit keys does it without sorts
-//      (assign_slots_small: ranks by counting, the n-th smallest key by a binary search);
+//      (assign_slots_small: ranks by counting, the stamp of the n-th smallest key by a binary
+//      search over the candidates' stamp range, the slots at that stamp by a block scan);
 //   3. write the physical hot rows of every token (compacted in entry order by a block scan) and
 //      its count, advance the request's clock and add its counters (fire-and-forget atomics).
 //
@@ -36,10 +37,14 @@
 // resolver writes no job list and raises the flags just before its first victim map write, which
 // tells a block whether its map reads came before every placement (copy_early).
 //
-// A step that hits everything is one pass over the entries with no sort; when its request has one
-// token of K <= kThreads * kIlp entries, the rows are written from the registers of that pass
-// (no second read of positions or map), and copy_kernel's blocks read a zero count from their
-// flag (before the resolver ends) and exit at its end.
+// A step that hits everything is one pass over the entries with no sort. When a request has one
+// token of K <= kThreads * kIlp entries, its rows are written from the registers of that pass (no
+// second read of the positions; with misses, only the missed entries' map words are read again);
+// in an all-hit step copy_kernel's blocks read a zero count from their flag (before the resolver
+// ends) and exit at its end.
+//
+// `smla bench --hisparse --phases` (set_tiered_phase_buffer_for_testing): %globaltimer stamps of
+// the resolver's phases and the copy blocks' events, off (a null pointer test) otherwise.
 //
 // Device-side bad input (request ids, lengths, positions with no pool row) never reaches memory:
 // it is counted in TieredCounters::errors and those tokens/entries come out empty.
