@@ -14,7 +14,8 @@
 //      radix sorts (9 keys per thread for R <= 4608, 16 up to R = 8192; the slot keys are 32-bit
 //      while the clock is below 2^18), pair them rank by rank, update map, slot positions and
 //      stamps. A request with at most kSmallMisses misses and 32-bit keys does it without sorts
-//      (assign_slots_small: ranks by counting, the n-th smallest key by a binary search);
+//      (assign_slots_small: ranks by counting, the stamp of the n-th smallest key by a binary
+//      search over the candidates' stamp range, the slots at that stamp by a block scan);
 //   3. write the physical hot rows of every token (compacted in entry order by a block scan) and
 //      its count, advance the request's clock and add its counters (fire-and-forget atomics).
 //
@@ -36,10 +37,14 @@
 // resolver writes no job list and raises the flags just before its first victim map write, which
 // tells a block whether its map reads came before every placement (copy_early).
 //
-// A step that hits everything is one pass over the entries with no sort; when its request has one
-// token of K <= kThreads * kIlp entries, the rows are written from the registers of that pass
-// (no second read of positions or map), and copy_kernel's blocks read a zero count from their
-// flag (before the resolver ends) and exit at its end.
+// A step that hits everything is one pass over the entries with no sort. When a request has one
+// token of K <= kThreads * kIlp entries, its rows are written from the registers of that pass (no
+// second read of the positions; with misses, only the missed entries' map words are read again);
+// in an all-hit step copy_kernel's blocks read a zero count from their flag (before the resolver
+// ends) and exit at its end.
+//
+// `smla bench --hisparse --phases` (set_tiered_phase_buffer_for_testing): %globaltimer stamps of
+// the resolver's phases and the copy blocks' events, off (a null pointer test) otherwise.
 //
 // Device-side bad input (request ids, lengths, positions with no pool row) never reaches memory:
 // it is counted in TieredCounters::errors and those tokens/entries come out empty.
@@ -176,6 +181,7 @@ struct ResolveSmem {
   // The small-step victim choice (assign_slots_small): per-warp counts (two buffers), the chosen
   // candidate keys, and the slot of each rank.
   alignas(16) unsigned warp_count[2][kThreads / 32];  // read 4 at a time
+  uint32_t warp_min[kThreads / 32], warp_max[kThreads / 32];  // the candidates' stamp range per warp
   int num_sel;
   alignas(16) uint32_t sel[kSmallMisses];  // 16-byte aligned: rank_of reads it 4 at a time
   int32_t slot_of_rank[kSmallMisses];
@@ -441,18 +447,24 @@ __device__ __forceinline__ int rank_of(const T* a, int n, T x) {
 }
 
 // Phase 2 for a step of n <= kSmallMisses misses whose LRU keys fit 32 bits (end_bit <= 31), with
-// no sort. The misses (distinct positions) are ranked by counting; the n smallest candidate keys
-// (stamp << kSlotBits | slot, distinct) are found by a binary search for the n-th smallest key
-// value (a block-wide count per probe, end_bit probes), collected, and ranked by counting. Rank i
-// of each side then meets as in assign_slots: the same pairs, so the same map, slots and stamps.
+// no sort. The misses (distinct positions) are ranked by counting. The n smallest candidate keys
+// (stamp << kSlotBits | slot, distinct) are: every candidate whose stamp is below s*, the stamp of
+// the n-th smallest key (c0 < n of them), and the n - c0 lowest slots among the candidates stamped
+// s*. s* is found by a binary search over the candidates' stamp range [min, max] (a block-wide
+// count per probe: a few probes, where a search over whole keys took end_bit ~ 20, at ~0.3 µs
+// each, s11 phases); the slots at s* by one block scan in slot order (the blocked order). The
+// c0 keys below s* are collected and ranked by counting, those at s* take ranks c0 + their scan
+// index. Rank i of each side then meets as in assign_slots: the same pairs, so the same map,
+// slots and stamps.
 template <class Smem>
-__device__ void assign_slots_small(const ResolveParams& p, int r, uint32_t now, int end_bit, Smem& sm) {
+__device__ void assign_slots_small(const ResolveParams& p, int r, uint32_t now, Smem& sm) {
   constexpr int kItems = Smem::kItems;
+  constexpr uint32_t kNone = 0xffffffffu, kSlotMask = (1u << kSlotBits) - 1;
   const int n = sm.num_miss;
   const int t = int(threadIdx.x), lane = t & 31, warp = t >> 5;
   uint32_t* stamps = p.stamps + int64_t(r) * p.R;
   int32_t* slot_pos = p.slot_pos + int64_t(r) * p.R;
-  // The candidate keys (padding and slots stamped `now`: all ones, never chosen), and each slot's
+  // The candidate keys (padding and slots stamped `now`: kNone, never chosen), and each slot's
   // position beside its stamp (one round trip for both).
   uint32_t key[kItems];
 #pragma unroll
@@ -460,23 +472,35 @@ __device__ void assign_slots_small(const ResolveParams& p, int r, uint32_t now, 
     const int sl = t * kItems + k;
     const uint32_t st = sl < p.R - 1 ? stamps[sl] : now;
     sm.slot_old[sl] = sl < p.R - 1 ? slot_pos[sl] : -1;
-    key[k] = st != now ? (st << kSlotBits) | uint32_t(sl) : 0xffffffffu;
+    key[k] = st != now ? (st << kSlotBits) | uint32_t(sl) : kNone;
   }
+  // The candidates' stamp range, per warp.
+  uint32_t smin = kNone, smax = 0;
+#pragma unroll
+  for (int k = 0; k < kItems; ++k)
+    if (key[k] != kNone) smin = min(smin, key[k] >> kSlotBits), smax = max(smax, key[k] >> kSlotBits);
+  smin = __reduce_min_sync(0xffffffffu, smin);
+  smax = __reduce_max_sync(0xffffffffu, smax);
+  if (lane == 0) sm.warp_min[warp] = smin, sm.warp_max[warp] = smax;
+  if (t == 0) sm.num_sel = 0;
   // Misses by position: rank = how many misses lie below (positions are distinct).
   if (t < n) {
     const int32_t q = sm.miss[t];
     const int rank = rank_of(sm.miss, n, q);
     sm.sorted_miss[rank] = q;
   }
-  if (t == 0) sm.num_sel = 0;
-  // The n-th smallest key: the least v with count(key <= v) >= n. Candidate keys are below
-  // 2^end_bit, and there are at least n of them (the plan rule), so v < 2^end_bit.
-  uint32_t lo = 0, hi = (end_bit >= 32 ? 0xffffffffu : (1u << end_bit) - 1u);
+  __syncthreads();  // warp_min / warp_max; sm.miss is read no more (the scan below reuses it)
+  uint32_t lo = kNone, hi = 0;
+#pragma unroll
+  for (int w = 0; w < kThreads / 32; ++w) lo = min(lo, sm.warp_min[w]), hi = max(hi, sm.warp_max[w]);
+  // s*: the least s in [lo, hi] with count(stamp <= s) >= n (there are >= n candidates: the plan
+  // rule); c0 = count(stamp < s*), the count of the last probe that moved lo (0 if none did).
+  unsigned c0 = 0;
   for (int it = 0; lo < hi; ++it) {
     const uint32_t mid = lo + (hi - lo) / 2;
     unsigned c = 0;
 #pragma unroll
-    for (int k = 0; k < kItems; ++k) c += key[k] <= mid;
+    for (int k = 0; k < kItems; ++k) c += key[k] != kNone && (key[k] >> kSlotBits) <= mid;
     c = __reduce_add_sync(0xffffffffu, c);
     if (lane == 0) sm.warp_count[it & 1][warp] = c;
     __syncthreads();  // two buffers: a warp rewrites this one only after the next barrier
@@ -487,26 +511,41 @@ __device__ void assign_slots_small(const ResolveParams& p, int r, uint32_t now, 
       total += v.x + v.y + v.z + v.w;
     }
     if (total >= unsigned(n)) hi = mid;
-    else lo = mid + 1;
+    else lo = mid + 1, c0 = total;
   }
+  const uint32_t s_star = lo;
+  const int need = n - int(c0);  // >= 1
   phase_stamp(p.phase, kPhSearched);
-  // The n chosen keys (exactly those <= lo), then each one's rank among them.
+  // The candidates stamped s*, numbered in slot order; the first `need` are chosen.
+  int at_star[kItems];
+  {
+    int f[kItems];
+#pragma unroll
+    for (int k = 0; k < kItems; ++k) f[k] = key[k] != kNone && (key[k] >> kSlotBits) == s_star;
+    int total;
+    Scan(sm.scan).ExclusiveSum(f, at_star, total);
+#pragma unroll
+    for (int k = 0; k < kItems; ++k)
+      if (!f[k]) at_star[k] = kSmallMisses;  // never chosen
+  }
+  // The keys below s* (all chosen) into sm.sel; those at s* straight to their rank.
 #pragma unroll
   for (int k = 0; k < kItems; ++k) {
-    const bool chosen = key[k] <= lo;
-    const unsigned m = __ballot_sync(0xffffffffu, chosen);
+    const bool below = key[k] != kNone && (key[k] >> kSlotBits) < s_star;
+    if (at_star[k] < need) sm.slot_of_rank[int(c0) + at_star[k]] = int32_t(key[k] & kSlotMask);
+    const unsigned m = __ballot_sync(0xffffffffu, below);
     if (m == 0) continue;
     int at = 0;
     if (lane == __ffs(m) - 1) at = atomicAdd(&sm.num_sel, __popc(m));
     at = __shfl_sync(0xffffffffu, at, __ffs(m) - 1);
-    if (chosen) sm.sel[at + __popc(m & ((1u << lane) - 1))] = key[k];
+    if (below) sm.sel[at + __popc(m & ((1u << lane) - 1))] = key[k];
   }
   __syncthreads();
   if (p.early) publish_before_assign(p, r, n);  // threads >= 384, beside the ranking below
-  if (t < n) {
+  if (t < int(c0)) {
     const uint32_t x = sm.sel[t];
-    const int rank = rank_of(sm.sel, n, x);
-    sm.slot_of_rank[rank] = int32_t(x & ((1u << kSlotBits) - 1));
+    const int rank = rank_of(sm.sel, int(c0), x);
+    sm.slot_of_rank[rank] = int32_t(x & kSlotMask);
   }
   __syncthreads();
   phase_stamp(p.phase, kPhRanked);
@@ -530,7 +569,7 @@ __device__ void assign_slots(const ResolveParams& p, int r, uint32_t now, Smem& 
   // get all ones. Stamps are <= now: the other keys are below 2^end_bit - 1, so those sort last.
   const int end_bit = kSlotBits + 32 - __clz(int(now));
   if (num_miss <= kSmallMisses && end_bit <= 31) {
-    assign_slots_small(p, r, now, end_bit, sm);
+    assign_slots_small(p, r, now, sm);
     return;
   }
   sort_misses(p, num_miss, sm);
