@@ -1,0 +1,85 @@
+// Does compute-sanitizer racecheck honour a named barrier over a subset of the block?
+//
+// smla's kernels exchange values between two consumer warpgroups through shared memory across
+// `bar.sync 1, 256` (both consumer warpgroups, 256 threads; the producer warpgroup of a 384-thread
+// block does not take part). racecheck reports those exchanges as hazards (h64.ws's row-sum
+// exchange since session 9, swapab's merge buffer in session 11). By the PTX memory model a
+// barrier orders the shared-memory accesses of the threads that take part in it, so these are
+// either tool false positives or real bugs. This probe runs the same pattern in isolation:
+//   mode 0: warpgroup 1 writes, bar.sync 1, 256, warpgroup 0 reads     (race-free by PTX)
+//   mode 1: the same with __syncthreads() (barrier 0, all 384 threads) (race-free; control)
+//   mode 2: warpgroup 1 writes, no barrier, warpgroup 0 reads           (a real race; control)
+//   mode 3: as the kernels do: barrier 1 used three times by both warpgroups (once before any
+//           exchange), warpgroup 0 reads the buffer, then warpgroup 1 overwrites it after the
+//           second barrier and warpgroup 0 reads that after the third    (race-free by PTX)
+//   mode 5: mode 4 with the barrier id and count as register operands ("r"), as smla's
+//           ptx::named_sync writes them                                  (race-free by PTX)
+//   mode 4: mode 3 with warpgroup 2 exiting at once and 128-thread barriers 2 / 3 of each
+//           warpgroup in between, as swapab's consumers                  (race-free by PTX)
+// and checks the values read. Build and run (one GPU, sm_90a):
+//   nvcc -std=c++17 -gencode=arch=compute_90a,code=sm_90a -o named_barrier named_barrier.cu
+//   for m in 0 1 2 3 4 5; do compute-sanitizer --tool racecheck ./named_barrier $m; done
+#include <cstdio>
+#include <cstdint>
+#include <cstdlib>
+
+#include <cuda_runtime.h>
+
+__device__ __forceinline__ void sync_r(uint32_t id, uint32_t count) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+
+__global__ void exchange(int mode, int* out) {
+  if (mode == 5) {  // mode 4's sequence through register operands
+    __shared__ float b5[128];
+    const int wg = threadIdx.x / 128, lane = threadIdx.x % 128;
+    if (wg == 1) b5[lane] = float(lane) + 0.5f;
+    if (wg == 2) return;
+    sync_r(1, 256);
+    sync_r(2u + uint32_t(wg), 128);
+    if (wg == 0 && b5[127 - lane] != float(127 - lane) + 0.5f) atomicAdd(out, 1);
+    sync_r(1, 256);
+    if (wg == 1) b5[lane] = float(lane) + 1.5f;
+    sync_r(1, 256);
+    if (wg == 0 && b5[127 - lane] != float(127 - lane) + 1.5f) atomicAdd(out, 1);
+    return;
+  }
+  __shared__ float buf[128];
+  const int wg = threadIdx.x / 128, lane = threadIdx.x % 128;
+  if (wg == 1) buf[lane] = float(lane) + 0.5f;  // consumer 1 writes
+  if (mode == 0) {
+    if (wg < 2) asm volatile("bar.sync 1, 256;\n" ::: "memory");
+  } else if (mode == 1) {
+    __syncthreads();
+  }
+  if (mode >= 3) {
+    if (wg == 2) return;
+    asm volatile("bar.sync 1, 256;\n" ::: "memory");  // (the kernels' "Q loaded" barrier)
+    if (mode == 4) {  // each warpgroup's own barrier, as the per-tile max exchange
+      if (wg == 0) asm volatile("bar.sync 2, 128;\n" ::: "memory");
+      else asm volatile("bar.sync 3, 128;\n" ::: "memory");
+    }
+  }
+  if (wg == 0 && buf[127 - lane] != float(127 - lane) + 0.5f) atomicAdd(out, 1);  // consumer 0 reads
+  if (mode >= 3) {
+    asm volatile("bar.sync 1, 256;\n" ::: "memory");    // every read of the stage done
+    if (wg == 1) buf[lane] = float(lane) + 1.5f;        // consumer 1 writes the merge buffer
+    asm volatile("bar.sync 1, 256;\n" ::: "memory");
+    if (wg == 0 && buf[127 - lane] != float(127 - lane) + 1.5f) atomicAdd(out, 1);
+  }
+}
+
+int main(int argc, char** argv) {
+  const int mode = argc > 1 ? std::atoi(argv[1]) : 0;
+  int* bad = nullptr;
+  if (cudaMalloc(&bad, sizeof(int)) != cudaSuccess || cudaMemset(bad, 0, sizeof(int)) != cudaSuccess) return 2;
+  exchange<<<1, 384>>>(mode, bad);
+  int h = -1;
+  if (cudaGetLastError() != cudaSuccess || cudaMemcpy(&h, bad, sizeof(int), cudaMemcpyDeviceToHost) != cudaSuccess) {
+    std::fprintf(stderr, "CUDA error\n");
+    return 2;
+  }
+  std::printf("mode %d: %d wrong values read\n", mode, h);
+  cudaFree(bad);
+  return 0;
+}
