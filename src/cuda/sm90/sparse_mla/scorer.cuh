@@ -42,7 +42,8 @@ __device__ __forceinline__ void issue_scores(WsConfig::SharedStorage& s, uint32_
 }
 
 // The fp8 score path: S of stage tile % 2 on the fp8 tensor cores (m64n64k32 e4m3), summed in fp32
-// every 128 dims (DESIGN.md §8). Why: the tensor core multiplies two e4m3 exactly, but inside a chain
+// every 128 dims (fp8_ds_mla, one chain per scale tile) or every 64 (fp8_e4m3, since session 11:
+// its LSE reached 1.02e-2 of §8's 1e-2 on one seed with 128; 4.3e-3 with 64, for 1-2 % more time) (DESIGN.md §8). Why: the tensor core multiplies two e4m3 exactly, but inside a chain
 // of wgmma instructions (each accumulating into the D of the one before) it adds each k32 step's
 // products to D by aligning all of them, D included, to the largest exponent and keeping about 13
 // bits below it, truncated toward zero (DeepSeek-V3's "about 14 bits"; FP22, e8m13). Each step thus
@@ -73,12 +74,16 @@ __device__ __forceinline__ void issue_scores_q8(WsQ8Config::SharedStorage& s, ui
   float t_acc[32];
   // One chain: block blk's k32 steps (4: 128 e4m3 dims; fp8_e4m3's RoPE block: 2, its 64 bytes;
   // D = 512: Q's and K's RoPE blocks are zero), starting from 0.
-  auto chain = [&](float (&d)[32], int blk) {
-    const int steps = blk < 4 ? 4 : 2;
+  // fp8_e4m3 (no tile scales) runs chains of 64 dims (two k32 steps): chain c covers block c / kSplit.
+  constexpr int kSplit = kE4m3 ? 2 : 1;
+  auto chain = [&](float (&d)[32], int c) {
+    const int blk = c / kSplit;
+    const int steps = blk < 4 ? 4 / kSplit : 2;
+    const int a0 = blk < 4 ? (c % kSplit) * (4 / kSplit) : 0;
 #pragma unroll
     for (int a = 0; a < steps; ++a)
-      ptx::wgmma_m64n64k32_e4m3(d, q_desc + blk * kBlk + uint32_t(a * 2), k_desc + blk * kBlk + uint32_t(a * 2),
-                                a == 0 ? 0 : 1);
+      ptx::wgmma_m64n64k32_e4m3(d, q_desc + blk * kBlk + uint32_t((a0 + a) * 2),
+                                k_desc + blk * kBlk + uint32_t((a0 + a) * 2), a == 0 ? 0 : 1);
     ptx::wgmma_commit();
   };
   // acc_s (+)= d (fp8_ds_mla: times the tile scales of its columns 8 j + 2 tq + u).
@@ -93,7 +98,7 @@ __device__ __forceinline__ void issue_scores_q8(WsQ8Config::SharedStorage& s, ui
       }
     }
   };
-  constexpr int kLastChain = kE4m3 ? 4 : 3;  // fp8_e4m3's RoPE block is a chain of its own
+  constexpr int kLastChain = kE4m3 ? 4 * kSplit : 3;  // fp8_e4m3's RoPE block is a chain of its own
   chain(acc_s, 0);
   if (pv_pending) {  // P's registers free before t_acc is needed
     ptx::wgmma_wait<1>();
@@ -105,13 +110,13 @@ __device__ __forceinline__ void issue_scores_q8(WsQ8Config::SharedStorage& s, ui
   ptx::fence_operands(acc_s);
   if constexpr (!kE4m3) add(acc_s, 0, true);
 #pragma unroll
-  for (int blk = 1; blk <= kLastChain; ++blk) {
+  for (int c = 1; c <= kLastChain; ++c) {
     ptx::wgmma_wait<0>();
     ptx::fence_operands(t_acc);
-    add(t_acc, blk, false);
-    if (blk < kLastChain) {
+    add(t_acc, c / kSplit, false);
+    if (c < kLastChain) {
       ptx::wgmma_fence();
-      chain(t_acc, blk + 1);
+      chain(t_acc, c + 1);
     }
   }
   if constexpr (!kE4m3) {
