@@ -92,7 +92,8 @@ Support sm90_common(const Geometry& g, const DeviceInfo& dev) {
 bool swapab_e4m3_enabled() {
   static const bool on = [] {
     const char* e = std::getenv("SMLA_SM90_SWAPAB_E4M3");
-    return e != nullptr && std::string(e) == "1";
+    if (e == nullptr || *e == '\0') return kSwapAbE4M3ByDefault;
+    return std::string(e) != "0";
   }();
   return on;
 }
@@ -103,7 +104,7 @@ Support supports_sm90_swapab(const Geometry& g, const DeviceInfo& dev) {
     return {kSwapAbByDefault ? "swapab is turned off by SMLA_SM90_SWAPAB=0; unset it to use it"
                              : "swapab is opt-in; set SMLA_SM90_SWAPAB=1 to use it"};
   if (g.format == KvFormat::kFP8E4M3 && !swapab_e4m3_enabled())
-    return {"swapab reads fp8_e4m3 rows only when SMLA_SM90_SWAPAB_E4M3=1 (being measured); use h64.ws"};
+    return {"swapab's fp8_e4m3 rows are turned off by SMLA_SM90_SWAPAB_E4M3=0; unset it to use them"};
   if (g.format != KvFormat::kFP8DsMla && g.format != KvFormat::kFP8E4M3)
     return {"swapab reads fp8_ds_mla and fp8_e4m3 rows only; use h64.ws for the other formats"};
   if (g.q_dtype != DType::kBF16 && g.q_dtype != DType::kE4M3)

@@ -199,7 +199,7 @@ TEST(Support, SwapAbTakesSmallHeadFp8DsMlaWithABf16Q) {
     }
     for (KvFormat f : {KvFormat::kBF16, KvFormat::kNvFP4DsMla})
       EXPECT_STREQ(smla::cuda_variant_for(geo(f, DType::kBF16, H), h200)->name, "h64.ws") << H;
-    // fp8_e4m3 rows: on swapab only with SMLA_SM90_SWAPAB_E4M3=1 (opt-in)
+    // fp8_e4m3 rows: on swapab unless SMLA_SM90_SWAPAB_E4M3=0 (or SMLA_SM90_SWAPAB=0)
     const bool e4 = H <= 16 && smla::swapab_enabled() && smla::swapab_e4m3_enabled();
     EXPECT_EQ(std::string(smla::cuda_variant_for(geo(KvFormat::kFP8E4M3, DType::kBF16, H), h200)->name),
               e4 ? "swapab" : "h64.ws")

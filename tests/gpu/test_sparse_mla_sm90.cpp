@@ -383,7 +383,7 @@ TEST(SparseMlaSm90Routing, Variants) {
   for (int H : {1, 16, 20, 32, 33, 64, 96, 128}) {
     EXPECT_EQ(variant(KvFormat::kBF16, H, DType::kBF16), "h64.ws") << H;
     EXPECT_EQ(variant(KvFormat::kFP16, H, DType::kFP16), "h64.ws") << H;
-    // fp8_e4m3 rows: the swap-AB kernel only with SMLA_SM90_SWAPAB_E4M3=1 (opt-in)
+    // fp8_e4m3 rows: the swap-AB kernel unless SMLA_SM90_SWAPAB_E4M3=0 (or SMLA_SM90_SWAPAB=0)
     const std::string e4 = H <= 16 && smla::swapab_enabled() && smla::swapab_e4m3_enabled() ? "swapab" : "h64.ws";
     EXPECT_EQ(variant(KvFormat::kFP8E4M3, H, DType::kBF16), e4) << H;
     // fp8_ds_mla with a bf16 q at H <= 16: the swap-AB kernel when SMLA_SM90_SWAPAB turns it on.

@@ -480,11 +480,14 @@ def test_fp8_scores_plan_run_matches_cpu_reference(fmt, T, H, K, N):
     assert smla.kernel_for(H, K, format=fmt, q_dtype="e4m3", score_precision="fp8",
                            device=0) == f"sm90/sparse_mla/{fmt}_d576/h64.ws.q8"
     # fp8_ds_mla at H <= 16: auto and bf16 scores run the swap-AB kernel, the q widened exactly (perf-history s11)
-    small = fmt == "fp8_ds_mla" and H <= 16 and os.environ.get("SMLA_SM90_SWAPAB", "") != "0"
+    # fp8_e4m3 at H <= 16: bf16 scores run it too (session 12), auto stays on the fp8 tensor cores
+    swapab_on = H <= 16 and os.environ.get("SMLA_SM90_SWAPAB", "") != "0"
+    small = fmt == "fp8_ds_mla" and swapab_on
+    small_bf16 = swapab_on and (fmt == "fp8_ds_mla" or os.environ.get("SMLA_SM90_SWAPAB_E4M3", "") != "0")
     assert smla.kernel_for(H, K, format=fmt, q_dtype="e4m3", device=0).endswith(
         "/swapab" if small else "/h64.ws.q8")  # auto
     assert smla.kernel_for(H, K, format=fmt, q_dtype="e4m3", score_precision="bf16", device=0).endswith(
-        "/swapab" if small else "/h64.ws")
+        "/swapab" if small_bf16 else "/h64.ws")
 
     g = torch.Generator(device="cpu").manual_seed(T * 1000 + H)
     q8 = (torch.randn(T, H, 576, generator=g) * 20).to(torch.float8_e4m3fn).to(DEV)
