@@ -480,7 +480,10 @@ def test_fp8_scores_plan_run_matches_cpu_reference(fmt, T, H, K, N):
     assert smla.kernel_for(H, K, format=fmt, q_dtype="e4m3", score_precision="fp8",
                            device=0) == f"sm90/sparse_mla/{fmt}_d576/h64.ws.q8"
     # fp8_ds_mla at H <= 16: auto and bf16 scores run the swap-AB kernel, the q widened exactly (perf-history s11)
-    small = fmt == "fp8_ds_mla" and H <= 16 and os.environ.get("SMLA_SM90_SWAPAB", "") != "0"
+    # (H <= 32 / 64 under the opt-in SMLA_SM90_SWAPAB_HGROUPS=1 / 64: swapab's 16-head blocks, perf-history s12)
+    hgroups = os.environ.get("SMLA_SM90_SWAPAB_HGROUPS", "")
+    hmax = 32 if hgroups in ("1", "32") else 64 if hgroups == "64" else 16
+    small = fmt == "fp8_ds_mla" and H <= hmax and os.environ.get("SMLA_SM90_SWAPAB", "") != "0"
     assert smla.kernel_for(H, K, format=fmt, q_dtype="e4m3", device=0).endswith(
         "/swapab" if small else "/h64.ws.q8")  # auto
     assert smla.kernel_for(H, K, format=fmt, q_dtype="e4m3", score_precision="bf16", device=0).endswith(
