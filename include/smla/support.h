@@ -30,7 +30,7 @@ struct Geometry {
 Geometry geometry_of(const SparseMlaParams& p);
 
 // The score path g asks for: kAuto is kFP8 when q is e4m3 and the format is fp8_e4m3 or fp8_ds_mla
-// (except fp8_ds_mla at H <= kSwapAbMaxHeads while swapab is on: kBF16, the faster path there),
+// (except fp8_ds_mla at H <= swapab_max_heads() while swapab is on: kBF16, the faster path there),
 // else kBF16; an explicit kBF16 / kFP8 is returned as it is (support_common refuses kFP8 where it
 // cannot run, with its reason).
 ScorePrecision resolve_score_precision(const Geometry& g);
@@ -75,6 +75,7 @@ Support supports_sm90_ws_q8(const Geometry& g, const DeviceInfo& dev);
 inline constexpr CudaVariant kCudaVariants[] = {
     {"swapab", ScorePrecision::kBF16,
      "small-H kernel for fp8_ds_mla with a bf16 q or an e4m3 q widened exactly (H <= 16; the default for both, "
+     "H <= 32 in 16-head blocks with SMLA_SM90_SWAPAB_HGROUPS=1, opt-in; "
      "score precision auto or bf16): the rows are the wgmma M dimension (H padded to 16, "
      "not 64), raw rows in a cp.async ring, e4m3 converted exactly in registers, tile scales in fp32 (S) and folded "
      "into bf16 P (P V); fp32 sums (DESIGN.md §8: LSE within 1e-3). SMLA_SM90_SWAPAB=0 turns it off",
@@ -96,6 +97,10 @@ inline std::span<const CudaVariant> cuda_variants() { return kCudaVariants; }
 inline constexpr int kSwapAbMaxHeads = 16;
 inline constexpr bool kSwapAbByDefault = true;  // 25-31 % faster than h64.ws at T >= 32, equal at T = 1 (s11 run 2)
 bool swapab_enabled();
+// The largest H swapab runs: kSwapAbMaxHeads (16), or with SMLA_SM90_SWAPAB_HGROUPS (read once; opt-in,
+// docs/perf-history.md#s12-swapab-hgroups) = 1 or 32: 32, = 64: 64 (an experiment), swapab then launching
+// ceil(H / 16) blocks of 16 heads per (token, split). Any other value: 16.
+int swapab_max_heads();
 // fp8_e4m3 rows on swapab (bf16 scores: a bf16 q, or an e4m3 q with score precision bf16): on by
 // default since session 12 (its cases 97/97 and memcheck 31/31 on the H200 with the switch on; 24-26 %
 // faster than h64.ws); SMLA_SM90_SWAPAB_E4M3=0 turns it off, read once.

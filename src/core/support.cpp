@@ -40,12 +40,21 @@ bool swapab_enabled() {
   return on;
 }
 
+int swapab_max_heads() {
+  static const int n = [] {
+    const char* e = std::getenv("SMLA_SM90_SWAPAB_HGROUPS");
+    const std::string v = e != nullptr ? e : "";
+    return v == "1" || v == "32" ? 32 : v == "64" ? 64 : kSwapAbMaxHeads;
+  }();
+  return n;
+}
+
 ScorePrecision resolve_score_precision(const Geometry& g) {
   if (g.score_precision != ScorePrecision::kAuto) return g.score_precision;
   const bool fp8_cache = g.format == KvFormat::kFP8E4M3 || g.format == KvFormat::kFP8DsMla;
   // fp8_ds_mla at H <= 16 with the swap-AB kernel on: its bf16 scores (q widened exactly) run faster
   // than the fp8 score path there (docs/perf-history.md#s11-swapab), and are the more accurate.
-  if (g.format == KvFormat::kFP8DsMla && g.num_heads <= kSwapAbMaxHeads && swapab_enabled()) return ScorePrecision::kBF16;
+  if (g.format == KvFormat::kFP8DsMla && g.num_heads <= swapab_max_heads() && swapab_enabled()) return ScorePrecision::kBF16;
   return g.q_dtype == DType::kE4M3 && fp8_cache ? ScorePrecision::kFP8 : ScorePrecision::kBF16;
 }
 
@@ -111,7 +120,10 @@ Support supports_sm90_swapab(const Geometry& g, const DeviceInfo& dev) {
     return {"swapab takes a bf16 or e4m3 q; use h64.ws for the others"};
   if (resolve_score_precision(g) != ScorePrecision::kBF16)
     return {"swapab computes the scores in bf16, not fp8; use score precision bf16 or auto"};
-  if (g.num_heads > kSwapAbMaxHeads) return {"swapab runs H <= 16; use h64.ws for larger H"};
+  if (g.num_heads > swapab_max_heads())
+    return {swapab_max_heads() == kSwapAbMaxHeads
+                ? "swapab runs H <= 16 (H <= 32 with SMLA_SM90_SWAPAB_HGROUPS=1, opt-in); use h64.ws for larger H"
+                : "swapab runs H <= " + std::to_string(swapab_max_heads()) + "; use h64.ws for larger H"};
   return {};
 }
 

@@ -119,6 +119,8 @@ TEST(KernelConfig, KernelsHaveTheirRegistersAndNoSpills) {
   for (const auto& [name, r] : cubin_resources(bytes)) {
     ++kernels;
     EXPECT_EQ(r.frame_bytes, 0) << name << ": local memory (spills)";
+    // swapab (SwabConfig): the same setmaxnreg budget, from the same launch allocation
+    if (name.find("sparse_mla_swapab_kernel") != std::string::npos) EXPECT_EQ(r.regs, k::WsConfig::kLaunchRegs) << name;
     if (name.find("sparse_mla_ws_kernel") == std::string::npos) continue;
     ++ws_kernels;
     EXPECT_EQ(r.regs, k::WsConfig::kLaunchRegs) << name;

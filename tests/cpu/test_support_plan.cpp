@@ -184,34 +184,37 @@ TEST(Support, Fp8ScoresNeedAnE4m3QWithAnFp8Cache) {
 // The swap-AB small-H kernel runs fp8_ds_mla at H <= 16 with a bf16 q, and with an e4m3 q under score
 // precision auto or bf16 (auto resolves to bf16 there), while SMLA_SM90_SWAPAB leaves it on (read once
 // per process; on by default); fp8 scores asked for explicitly, everything else, and the reasons of
-// what nothing runs stay with the 64-head kernels.
+// what nothing runs stay with the 64-head kernels. "H <= 16" reads H <= smla::swapab_max_heads(): 32
+// (or 64) under the opt-in SMLA_SM90_SWAPAB_HGROUPS (16-head blocks).
 TEST(Support, SwapAbTakesSmallHeadFp8DsMlaWithABf16Q) {
   const auto h200 = device(9, 0, "NVIDIA H200");
-  const std::string small = smla::swapab_enabled() ? "swapab" : "h64.ws";
-  for (int H : {1, 8, 16, 17, 32, 64, 128}) {
+  const std::string small_v = smla::swapab_enabled() ? "swapab" : "h64.ws";
+  const int hmax = smla::swapab_max_heads();
+  for (int H : {1, 8, 16, 17, 20, 31, 32, 33, 64, 128}) {
+    const std::string small = H <= hmax ? small_v : "h64.ws";
     const smla::CudaVariant* v = smla::cuda_variant_for(geo(KvFormat::kFP8DsMla, DType::kBF16, H), h200);
     ASSERT_NE(v, nullptr) << H;
-    EXPECT_EQ(std::string(v->name), H <= 16 ? small : "h64.ws") << H;
+    EXPECT_EQ(std::string(v->name), small) << H;
     for (int rope : {64, 0}) {  // D = 512 too
       v = smla::cuda_variant_for(geo(KvFormat::kFP8DsMla, DType::kBF16, H, rope, 77), h200);
       ASSERT_NE(v, nullptr) << H;
-      EXPECT_EQ(std::string(v->name), H <= 16 ? small : "h64.ws") << H << " rope " << rope;
+      EXPECT_EQ(std::string(v->name), small) << H << " rope " << rope;
     }
     for (KvFormat f : {KvFormat::kBF16, KvFormat::kNvFP4DsMla})
       EXPECT_STREQ(smla::cuda_variant_for(geo(f, DType::kBF16, H), h200)->name, "h64.ws") << H;
     // fp8_e4m3 rows: on swapab unless SMLA_SM90_SWAPAB_E4M3=0 (or SMLA_SM90_SWAPAB=0)
-    const bool e4 = H <= 16 && smla::swapab_enabled() && smla::swapab_e4m3_enabled();
+    const bool e4 = H <= hmax && smla::swapab_enabled() && smla::swapab_e4m3_enabled();
     EXPECT_EQ(std::string(smla::cuda_variant_for(geo(KvFormat::kFP8E4M3, DType::kBF16, H), h200)->name),
               e4 ? "swapab" : "h64.ws")
         << H;
     Geometry q8 = geo(KvFormat::kFP8DsMla, DType::kE4M3, H);
-    EXPECT_EQ(std::string(smla::cuda_variant_for(q8, h200)->name), H <= 16 && smla::swapab_enabled() ? "swapab" : "h64.ws.q8")
+    EXPECT_EQ(std::string(smla::cuda_variant_for(q8, h200)->name), H <= hmax && smla::swapab_enabled() ? "swapab" : "h64.ws.q8")
         << H << " auto";
-    EXPECT_EQ(smla::resolve_score_precision(q8), H <= 16 && smla::swapab_enabled() ? smla::ScorePrecision::kBF16
-                                                                                   : smla::ScorePrecision::kFP8)
+    EXPECT_EQ(smla::resolve_score_precision(q8), H <= hmax && smla::swapab_enabled() ? smla::ScorePrecision::kBF16
+                                                                                     : smla::ScorePrecision::kFP8)
         << H;
     q8.score_precision = smla::ScorePrecision::kBF16;
-    EXPECT_EQ(std::string(smla::cuda_variant_for(q8, h200)->name), H <= 16 ? small : "h64.ws") << H << " bf16";
+    EXPECT_EQ(std::string(smla::cuda_variant_for(q8, h200)->name), small) << H << " bf16";
     q8.score_precision = smla::ScorePrecision::kFP8;  // asked for: the fp8 tensor-core path
     EXPECT_STREQ(smla::cuda_variant_for(q8, h200)->name, "h64.ws.q8") << H << " fp8";
     // fp8_e4m3 keeps its fp8 default at every H
@@ -225,7 +228,15 @@ TEST(Support, SwapAbTakesSmallHeadFp8DsMlaWithABf16Q) {
     Geometry fp8 = geo(KvFormat::kFP8DsMla, DType::kE4M3, 16);
     fp8.score_precision = smla::ScorePrecision::kFP8;
     expect_reason(smla::supports_sm90_swapab(fp8, h200), "not fp8", "fp8 scores asked for");
-    expect_reason(smla::supports_sm90_swapab(geo(KvFormat::kFP8DsMla, DType::kBF16, 17), h200), "H <= 16", "H = 17");
+    if (hmax == 16) {
+      expect_reason(smla::supports_sm90_swapab(geo(KvFormat::kFP8DsMla, DType::kBF16, 17), h200), "H <= 16", "H = 17");
+      expect_reason(smla::supports_sm90_swapab(geo(KvFormat::kFP8DsMla, DType::kBF16, 17), h200),
+                    "SMLA_SM90_SWAPAB_HGROUPS=1", "H = 17: the opt-in named");
+    } else {
+      EXPECT_TRUE(smla::supports_sm90_swapab(geo(KvFormat::kFP8DsMla, DType::kBF16, 17), h200).ok());
+      expect_reason(smla::supports_sm90_swapab(geo(KvFormat::kFP8DsMla, DType::kBF16, hmax + 1), h200),
+                    "H <= " + std::to_string(hmax), "H past the head groups' limit");
+    }
   } else {
     expect_reason(smla::supports_sm90_swapab(g, h200), "SMLA_SM90_SWAPAB", "switched off");
   }

@@ -380,14 +380,16 @@ TEST(SparseMlaSm90Routing, Variants) {
     const smla::CudaVariant* v = smla::cuda_variant_for(g, smla::any_sm90_device());
     return std::string(v != nullptr ? v->name : "none");
   };
-  for (int H : {1, 16, 20, 32, 33, 64, 96, 128}) {
+  // swapab's H limit: 16, or 32 / 64 under the opt-in SMLA_SM90_SWAPAB_HGROUPS (16-head blocks).
+  const int hmax = smla::swapab_max_heads();
+  for (int H : {1, 16, 17, 20, 31, 32, 33, 64, 96, 128}) {
     EXPECT_EQ(variant(KvFormat::kBF16, H, DType::kBF16), "h64.ws") << H;
     EXPECT_EQ(variant(KvFormat::kFP16, H, DType::kFP16), "h64.ws") << H;
     // fp8_e4m3 rows: the swap-AB kernel unless SMLA_SM90_SWAPAB_E4M3=0 (or SMLA_SM90_SWAPAB=0)
-    const std::string e4 = H <= 16 && smla::swapab_enabled() && smla::swapab_e4m3_enabled() ? "swapab" : "h64.ws";
+    const std::string e4 = H <= hmax && smla::swapab_enabled() && smla::swapab_e4m3_enabled() ? "swapab" : "h64.ws";
     EXPECT_EQ(variant(KvFormat::kFP8E4M3, H, DType::kBF16), e4) << H;
     // fp8_ds_mla with a bf16 q at H <= 16: the swap-AB kernel when SMLA_SM90_SWAPAB turns it on.
-    const std::string ds = H <= 16 && smla::swapab_enabled() ? "swapab" : "h64.ws";
+    const std::string ds = H <= hmax && smla::swapab_enabled() ? "swapab" : "h64.ws";
     EXPECT_EQ(variant(KvFormat::kFP8DsMla, H, DType::kBF16), ds) << H;
     EXPECT_EQ(variant(KvFormat::kNvFP4DsMla, H, DType::kBF16), "h64.ws") << H;
     // A 16-bit q: auto and an explicit bf16 are the same path.
@@ -395,17 +397,17 @@ TEST(SparseMlaSm90Routing, Variants) {
     EXPECT_EQ(variant(KvFormat::kFP16, H, DType::kFP16, smla::ScorePrecision::kBF16), "h64.ws") << H;
   }
   const auto fp8 = smla::ScorePrecision::kFP8, bf16 = smla::ScorePrecision::kBF16;
-  for (int H : {1, 16, 64, 128}) {
+  for (int H : {1, 16, 20, 32, 64, 128}) {
     // An e4m3 q: scored on the fp8 tensor cores by default (auto) or on request, widened to bf16
     // exactly when bf16 scores are asked for; fp8_ds_mla at H <= 16: widened on the swap-AB kernel
     // under auto and bf16 (faster there), fp8 tensor cores only on request.
-    const bool ds_small = H <= 16 && smla::swapab_enabled();
+    const bool ds_small = H <= hmax && smla::swapab_enabled();
     EXPECT_EQ(variant(KvFormat::kFP8E4M3, H, DType::kE4M3), "h64.ws.q8") << H;
     EXPECT_EQ(variant(KvFormat::kFP8DsMla, H, DType::kE4M3), ds_small ? "swapab" : "h64.ws.q8") << H;
     EXPECT_EQ(variant(KvFormat::kFP8E4M3, H, DType::kE4M3, fp8), "h64.ws.q8") << H;
     EXPECT_EQ(variant(KvFormat::kFP8DsMla, H, DType::kE4M3, fp8), "h64.ws.q8") << H;
     EXPECT_EQ(variant(KvFormat::kFP8E4M3, H, DType::kE4M3, bf16),
-              H <= 16 && smla::swapab_enabled() && smla::swapab_e4m3_enabled() ? "swapab" : "h64.ws")
+              H <= hmax && smla::swapab_enabled() && smla::swapab_e4m3_enabled() ? "swapab" : "h64.ws")
         << H;
     EXPECT_EQ(variant(KvFormat::kFP8DsMla, H, DType::kE4M3, bf16), ds_small ? "swapab" : "h64.ws") << H;
     // fp8 scores need an e4m3 q (and an e4m3 q an fp8 cache).

@@ -202,4 +202,12 @@ inline int raw_row_chunks(KvFormat f, int rope_dim) {
 // Blocks per token along the heads: groups of 64 (heads past H zero-padded).
 inline int head_groups_for(int num_heads) { return (num_heads + 63) / 64; }
 
+// swapab's stage hold (docs/perf-history.md#s12-swapab-hold): 0 the whole tile (the default), 1 early
+// (the tile's V words to registers once S is done, the stage released before the softmax, P and P V;
+// the same bits). SMLA_SM90_SWAPAB_HOLD=early selects 1 (read once per process);
+// set_swapab_hold_for_testing(mode) overrides it for the launches that follow (-1: back to the
+// environment's choice), so a GPU test compares the two in one process. (launcher.cu)
+int swapab_hold_mode();
+void set_swapab_hold_for_testing(int mode);
+
 }  // namespace smla::cuda::sm90::sparse_mla

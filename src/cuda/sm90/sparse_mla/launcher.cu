@@ -3,6 +3,8 @@
 // (variant x cache format x element type).
 #include <cuda_runtime.h>
 
+#include <atomic>
+#include <cstdlib>
 #include <iterator>
 #include <string>
 #include <string_view>
@@ -47,10 +49,6 @@ int current_num_sms() {
   return n;
 }
 
-int num_splits_for(const SparseMlaParams& p, int num_sms) {
-  return choose_num_splits(p.num_tokens, k::head_groups_for(p.num_heads), p.topk, num_sms);
-}
-
 bool aligned(const void* ptr, int64_t bytes) { return reinterpret_cast<uintptr_t>(ptr) % uint64_t(bytes) == 0; }
 
 // The current device as the variant table sees it (ordinal and compute capability; attribute
@@ -76,11 +74,26 @@ const CudaVariant& variant_for(const SparseMlaParams& p) {
   return *v;
 }
 
+// Blocks per token along the heads of variant v: swapab's groups of 16 heads (one block for H <= 16;
+// more only under SMLA_SM90_SWAPAB_HGROUPS), the 64-head kernels' groups of 64.
+int head_groups_of(const SparseMlaParams& p, const CudaVariant& v) {
+  return &v == &kCudaVariants[0] ? (p.num_heads + kSwapAbMaxHeads - 1) / kSwapAbMaxHeads : k::head_groups_for(p.num_heads);
+}
+
+int num_splits_for(const SparseMlaParams& p, int num_sms) {
+  int groups = k::head_groups_for(p.num_heads);
+  // swapab's head groups (opt-in): the split follows the kernel's blocks per token. (With the switch
+  // off, or H <= 16, the groups are the 64-head count, and no device is asked.)
+  if (p.num_heads > kSwapAbMaxHeads && swapab_max_heads() > kSwapAbMaxHeads) groups = head_groups_of(p, variant_for(p));
+  return choose_num_splits(p.num_tokens, groups, p.topk, num_sms);
+}
+
 // ---- the launches of kCudaVariants, in its order.
 using LaunchFn = void (*)(const k::KernelParams& kp, KvFormat format, cudaStream_t s);
 
 void launch_swapab(const k::KernelParams& kp, KvFormat format, cudaStream_t s) {
-  if (kp.num_heads > 16) fail("swapab runs H <= 16 only");  // unreachable: supports() refuses
+  // unreachable: supports() refuses H past swapab_max_heads(), head_groups_of covers H
+  if (kp.num_heads > 16 * kp.head_groups) fail("swapab runs 16 heads per block");
   if (format == KvFormat::kFP8DsMla) k::launch_swapab<16, KvFormat::kFP8DsMla>(kp, s);
   else if (format == KvFormat::kFP8E4M3) k::launch_swapab<16, KvFormat::kFP8E4M3>(kp, s);
   else fail("swapab reads fp8_ds_mla or fp8_e4m3 rows only");  // unreachable: supports() refuses
@@ -110,6 +123,21 @@ static_assert(std::string_view(kCudaVariants[0].name) == "swapab" && std::string
 
 }  // namespace
 
+namespace sm90::sparse_mla {
+namespace {
+std::atomic<int> hold_override{-1};
+}  // namespace
+int swapab_hold_mode() {
+  static const int env = [] {
+    const char* e = std::getenv("SMLA_SM90_SWAPAB_HOLD");
+    return e != nullptr && std::string(e) == "early" ? 1 : 0;
+  }();
+  const int o = hold_override.load(std::memory_order_relaxed);
+  return o >= 0 ? o : env;
+}
+void set_swapab_hold_for_testing(int mode) { hold_override.store(mode, std::memory_order_relaxed); }
+}  // namespace sm90::sparse_mla
+
 int sparse_mla_auto_splits(const SparseMlaParams& p, int num_sms) { return num_splits_for(p, num_sms); }
 
 size_t sparse_mla_workspace_bytes(const SparseMlaParams& p, int num_sms, int num_splits) {
@@ -136,7 +164,10 @@ void sparse_mla(const SparseMlaParams& p, void* workspace, size_t workspace_byte
   k::KernelParams kp{};
   kp.num_tokens = p.num_tokens;
   kp.num_heads = p.num_heads;
-  kp.head_groups = k::head_groups_for(p.num_heads);
+  kp.head_groups = head_groups_of(p, variant);
+  SMLA_CHECK(kp.head_groups == k::head_groups_for(p.num_heads) || p.num_tokens * kp.head_groups < (int64_t(1) << 31),
+             "T * ceil(H / 16) must be < 2^31 for the swapab kernel's grid (16-head blocks, SMLA_SM90_SWAPAB_HGROUPS); "
+             "split the call along T");
   kp.num_splits = splits;
   kp.topk = p.topk;
   kp.raw_chunks = k::raw_row_chunks(p.format, p.rope_dim);

@@ -3,7 +3,10 @@
 // rows, not the heads, are the wgmma M dimension, so N = 16 and nothing is padded to 64 heads
 // (docs/perf-history.md#s11-swapab: the paper bound, the runs, the variants tried).
 //
-// One block per (token, top-k split), 3 warpgroups:
+// One block per (token, top-k split) for H <= 16; for H up to 32 (64) under the opt-in
+// SMLA_SM90_SWAPAB_HGROUPS, ceil(H / 16) blocks per (token, split), block g of a token doing heads
+// [16 g, 16 g + 16) (heads past H masked), the group fastest on grid.x so a token's siblings run
+// together and the second reads the rows from L2 (docs/perf-history.md#s12-swapab-hgroups). 3 warpgroups:
 //   warpgroup 2: the producer. 16-byte cp.async of each valid 656-byte row into a ring of kStages
 //     raw stages (row stride 672 bytes: the bank spread of the loads below), completion on the
 //     stage's "full" mbarrier (every thread's copies, and the stage's valid-row mask stored in
@@ -218,11 +221,12 @@ __device__ __forceinline__ void swab_load_q(const KernelParams& p, typename Swab
   const int warp = tid >> 5, lane = tid & 31;
   const int dims = p.k_steps * 16;  // 576 or 512
   // Lane l holds 8-dim units u = l, l + 32, l + 64 (< 72) of the head: all loads issued at once.
-  for (int h = warp; h < kN; h += 8) {
-    const bool head = h < p.num_heads;
-    // element offsets of head h's latent and RoPE (q_rope, or q past 512) in q's element type
-    const int64_t ol = w.t * p.q_stride_t + int64_t(h) * p.q_stride_h;
-    const int64_t orp = p.q_rope != nullptr ? w.t * p.q_rope_stride_t + int64_t(h) * p.q_rope_stride_h : ol + kLatent;
+  for (int h = warp; h < kN; h += 8) {  // h: the head in the block's group, w.head0 + h in the call
+    const int hc = w.head0 + h;
+    const bool head = hc < p.num_heads;
+    // element offsets of head hc's latent and RoPE (q_rope, or q past 512) in q's element type
+    const int64_t ol = w.t * p.q_stride_t + int64_t(hc) * p.q_stride_h;
+    const int64_t orp = p.q_rope != nullptr ? w.t * p.q_rope_stride_t + int64_t(hc) * p.q_rope_stride_h : ol + kLatent;
     const void* rbase = p.q_rope != nullptr ? p.q_rope : p.q;
     uint32_t v[3][4];  // bf16 pairs of units lane, lane + 32, lane + 64
 #pragma unroll
@@ -290,9 +294,15 @@ __device__ __forceinline__ void swab_load_q(const KernelParams& p, typename Swab
 }
 
 // ---- a consumer warpgroup: tiles c, c + 2, ...; its O^T (latent dims x kN heads) in registers.
-template <int kN, int kDiag, KvFormat kF = KvFormat::kFP8DsMla>
+// kEarly (SMLA_SM90_SWAPAB_HOLD=early, docs/perf-history.md#s12-swapab-hold): once S is done, the
+// tile's raw V words (64 per thread) and row scales go to registers and the stage is released before
+// the softmax, P and P V (the default holds it until P V's last V load). The same bits.
+template <int kN, int kDiag, KvFormat kF = KvFormat::kFP8DsMla, bool kEarly = false>
 struct SwabConsumer {
   using Cfg = SwabConfig<kN, kF>;
+  static_assert(!kEarly || kDiag == 0, "the early hold has no timing-only modes");
+  static_assert(!kEarly || kF == KvFormat::kFP8DsMla || kF == KvFormat::kFP8E4M3,
+                "the early hold keeps e4m3 V words (one byte per value) in registers");
   static constexpr bool kDs = kF == KvFormat::kFP8DsMla;  // per-row tile scales and a bf16 RoPE; else
                                                           // fp8_e4m3: no scales (k_scale is in the score and
                                                           // output scales), an e4m3 RoPE
@@ -453,6 +463,57 @@ struct SwabConsumer {
     for (int mt = 0; mt < 8; ++mt) ptx::fence_operands(o[mt]);
   }
 
+  // kEarly: the words pv_convert reads, for all four k-steps at once: vw[ks][c][j] (64 registers).
+  __device__ __forceinline__ static void pv_load_words(uint32_t kv, int w, int g, int t, uint32_t (&vw)[4][4][4]) {
+    const uint32_t col = uint32_t(4 * (8 * w + g));
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int m = 16 * ks + 2 * t + (c & 1) + 8 * (c >> 1);
+        const uint32_t row = kv + uint32_t(swab::slot_of(m) * Cfg::kRowStride) + col;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) vw[ks][c][j] = swab::lds32(row + uint32_t(128 * j));
+      }
+  }
+  // kEarly: pv_convert's bit moves on words already in registers (the same A fragments).
+  __device__ __forceinline__ static void pv_convert_words(const uint32_t (&wd)[4][4], uint32_t (&a)[8][4]) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      a[2 * j][0] = swab::e4m3x2_bits<swab::kPair<0>>(wd[0][j], wd[1][j]);
+      a[2 * j][1] = swab::e4m3x2_bits<swab::kPair<1>>(wd[0][j], wd[1][j]);
+      a[2 * j][2] = swab::e4m3x2_bits<swab::kPair<0>>(wd[2][j], wd[3][j]);
+      a[2 * j][3] = swab::e4m3x2_bits<swab::kPair<1>>(wd[2][j], wd[3][j]);
+      a[2 * j + 1][0] = swab::e4m3x2_bits<swab::kPair<2>>(wd[0][j], wd[1][j]);
+      a[2 * j + 1][1] = swab::e4m3x2_bits<swab::kPair<3>>(wd[0][j], wd[1][j]);
+      a[2 * j + 1][2] = swab::e4m3x2_bits<swab::kPair<2>>(wd[2][j], wd[3][j]);
+      a[2 * j + 1][3] = swab::e4m3x2_bits<swab::kPair<3>>(wd[2][j], wd[3][j]);
+    }
+  }
+  // kEarly: pv() from the words in registers (the stage was released after S); the same wgmma order.
+  __device__ __forceinline__ static void pv_words(const uint32_t (&vw)[4][4][4], uint32_t p_base, float (&o)[8][kNH]) {
+    uint32_t a[2][8][4];
+    constexpr uint32_t kOp = uint32_t(Cfg::kOperandBytes >> 4);
+    const uint64_t pd = ptx::sw128_desc(p_base, 16, 1024);
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) {
+      if (ks >= 2) {
+        ptx::wgmma_wait<1>();
+        swab::fence_a(a[ks & 1]);
+      }
+      pv_convert_words(vw[ks], a[ks & 1]);
+      ptx::wgmma_fence();
+#pragma unroll
+      for (int mt = 0; mt < 8; ++mt) swab::wgmma_rs16(o[mt], a[ks & 1][mt], pd + (mt >> 1) * kOp + uint32_t(2 * ks), 1);
+      ptx::wgmma_commit();
+    }
+    ptx::wgmma_wait<0>();
+    swab::fence_a(a[0]);
+    swab::fence_a(a[1]);
+#pragma unroll
+    for (int mt = 0; mt < 8; ++mt) ptx::fence_operands(o[mt]);
+  }
+
   // The tile loop of consumer c (thread wt of its warpgroup), then the merge with the other
   // consumer and the stores (consumer 0).
   __device__ __forceinline__ static void run(const KernelParams& p, Smem& s, const WsBlock& w, int c, int wt) {
@@ -487,6 +548,16 @@ struct SwabConsumer {
       }
       float x[kNH];
       scores(kv, q_base, slot0, slot1, t, rope, x);
+      uint32_t vw[4][4][4];  // kEarly: the tile's V words
+      float4 esc[2];         // kEarly, fp8_ds_mla: the rows' tile scales for P
+      if constexpr (kEarly) {
+        pv_load_words(kv, warp, g, t, vw);
+        if constexpr (kDs) {
+          esc[0] = swab::lds128f(kv + uint32_t(slot0 * Cfg::kRowStride) + 512);
+          esc[1] = swab::lds128f(kv + uint32_t(slot1 * Cfg::kRowStride) + 512);
+        }
+        ptx::mbar_arrive(ws_bar(s.empty[st]));  // (release: the loads above come first)
+      }
       // x[4 i + 2 r + e]: row m_r, head 8 i + 2 t + e. Scores in the log2 domain, masked rows -inf.
       float mx[kNB][2];
 #pragma unroll
@@ -538,7 +609,9 @@ struct SwabConsumer {
       // K-major B operand of tile j: stmatrix.trans of the (8 rows x 8 heads) blocks.
       {
         float4 sc0 = make_float4(1.0f, 1.0f, 1.0f, 1.0f), sc1 = sc0;  // fp8_e4m3: no row scales
-        if constexpr (kDs) {
+        if constexpr (kDs && kEarly) {
+          sc0 = esc[0], sc1 = esc[1];
+        } else if constexpr (kDs) {
           sc0 = swab::lds128f(kv + uint32_t(slot0 * Cfg::kRowStride) + 512);
           sc1 = swab::lds128f(kv + uint32_t(slot1 * Cfg::kRowStride) + 512);
         }
@@ -566,7 +639,8 @@ struct SwabConsumer {
       }
       ptx::fence_proxy_async_smem();
       ptx::named_sync(bar_wg, 128);
-      pv(kv, ptx::smem_addr(s.p[c][0]), warp, g, t, ws_bar(s.empty[st]), o);
+      if constexpr (kEarly) pv_words(vw, ptx::smem_addr(s.p[c][0]), o);
+      else pv(kv, ptx::smem_addr(s.p[c][0]), warp, g, t, ws_bar(s.empty[st]), o);
     }
 
     // ---- merge the two consumers, then out / LSE (or the split's partials) from consumer 0.
@@ -601,7 +675,7 @@ struct SwabConsumer {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int h = 8 * i + 2 * t + e;
-        hv[i][e] = h < p.num_heads;
+        hv[i][e] = w.head0 + h < p.num_heads;
         const float ma = m_run[i][e], mb = s.fin_m[h];
         const float la = s.red_l[0][0][h] + s.red_l[0][1][h] + s.red_l[0][2][h] + s.red_l[0][3][h];
         const float lb = s.red_l[1][0][h] + s.red_l[1][1][h] + s.red_l[1][2][h] + s.red_l[1][3][h];
@@ -609,7 +683,7 @@ struct SwabConsumer {
         const float fa = ws::rescale(ma, m), fb = ws::rescale(mb, m);
         const float l = la * fa + lb * fb;
         float denom = l;
-        if (p.num_splits == 1 && p.sink != nullptr && l > 0.0f && hv[i][e]) denom += exp2f(p.sink[h] * kLog2e - m);
+        if (p.num_splits == 1 && p.sink != nullptr && l > 0.0f && hv[i][e]) denom += exp2f(p.sink[w.head0 + h] * kLog2e - m);
         // O = 2^64 * accumulator (P carried 2^56, V 2^-120)
         const float sc = l > 0.0f ? p.out_scale * 18446744073709551616.0f / denom : 0.0f;
 #pragma unroll
@@ -629,7 +703,7 @@ struct SwabConsumer {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         if (!hv[i][e]) continue;
-        const int h = 8 * i + 2 * t + e;
+        const int h = w.head0 + 8 * i + 2 * t + e;  // the call's head
         if (p.num_splits == 1) {
           auto* out = static_cast<uint16_t*>(p.out) + w.t * p.out_stride_t + int64_t(h) * p.out_stride_h;
           const bool vec = (reinterpret_cast<uintptr_t>(out) & 7) == 0;
@@ -664,12 +738,14 @@ struct SwabConsumer {
 
 // kDiag (timing only, wrong results; `SMLA_SM90_SWAPAB_DIAG`): 1 the rows' ring alone (consumers
 // release each stage at once), 2 the compute alone (the producer copies nothing).
-template <int kN, int kDiag, KvFormat kF>
+template <int kN, int kDiag, KvFormat kF, bool kEarly = false>
 __global__ void __launch_bounds__(SwabConfig<kN, kF>::kThreads, 1) sparse_mla_swapab_kernel(const __grid_constant__ KernelParams p) {
   using Cfg = SwabConfig<kN, kF>;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   auto& s = *reinterpret_cast<typename Cfg::SharedStorage*>(smem_raw);
-  const WsBlock w = block_work(p);
+  WsBlock w = block_work(p);
+  // head groups of kN (p.head_groups = ceil(H / kN); 1 for H <= kN): heads [head0, head0 + kN)
+  w.head0 = int(blockIdx.x - w.t * p.head_groups) * kN;
   if (threadIdx.x == 0) {
     for (int i = 0; i < Cfg::kStages; ++i) {
       // every producer thread's copies landed (128) and the 4 warps' valid bits stored
@@ -690,13 +766,13 @@ __global__ void __launch_bounds__(SwabConfig<kN, kF>::kThreads, 1) sparse_mla_sw
   swab_load_q<kN, kF>(p, s, w, threadIdx.x);
   ptx::fence_proxy_async_smem();
   bar_sync(Bar::kConsumers, kConsumerThreads);
-  SwabConsumer<kN, kDiag, kF>::run(p, s, w, wg, wt);
+  SwabConsumer<kN, kDiag, kF, kEarly>::run(p, s, w, wg, wt);
 }
 
-template <int kN, int kDiag, KvFormat kF>
+template <int kN, int kDiag, KvFormat kF, bool kEarly = false>
 void launch_swapab_mode(const KernelParams& p, cudaStream_t stream) {
   using Cfg = SwabConfig<kN, kF>;
-  auto* kernel = sparse_mla_swapab_kernel<kN, kDiag, kF>;
+  auto* kernel = sparse_mla_swapab_kernel<kN, kDiag, kF, kEarly>;
   static std::atomic<uint64_t> attribute_set{0};
   int dev = 0;
   SMLA_CHECK(cudaGetDevice(&dev) == cudaSuccess, "cudaGetDevice failed");
@@ -723,7 +799,7 @@ inline int swapab_diag_mode() {
   return mode;
 }
 
-// N = 16 (H <= 16).
+// N = 16 (16 heads per block; p.head_groups blocks per token).
 template <int kN, KvFormat kF>
 void launch_swapab(const KernelParams& p, cudaStream_t stream) {
   if constexpr (kF == KvFormat::kFP8DsMla) {  // (the timing-only modes: fp8_ds_mla only)
@@ -733,6 +809,7 @@ void launch_swapab(const KernelParams& p, cudaStream_t stream) {
       default: break;
     }
   }
+  if (swapab_hold_mode() == 1) return launch_swapab_mode<kN, 0, kF, true>(p, stream);
   launch_swapab_mode<kN, 0, kF>(p, stream);
 }
 
