@@ -68,6 +68,7 @@ struct CudaVariant {
 };
 
 Support supports_sm90_swapab(const Geometry& g, const DeviceInfo& dev);
+Support supports_sm90_xo(const Geometry& g, const DeviceInfo& dev);
 Support supports_sm90_ws(const Geometry& g, const DeviceInfo& dev);
 Support supports_sm90_ws_q8(const Geometry& g, const DeviceInfo& dev);
 
@@ -80,6 +81,11 @@ inline constexpr CudaVariant kCudaVariants[] = {
      "not 64), raw rows in a cp.async ring, e4m3 converted exactly in registers, tile scales in fp32 (S) and folded "
      "into bf16 P (P V); fp32 sums (DESIGN.md §8: LSE within 1e-3). SMLA_SM90_SWAPAB=0 turns it off",
      supports_sm90_swapab, split_workspace_bytes},
+    {"h128.xo", ScorePrecision::kBF16,
+     "h64.ws for fp8_ds_mla at 64 < H <= 128 as a cluster of a token's two 64-head blocks, each dequantizing half "
+     "of every tile into both blocks' shared memory (FlashMLA's crossover): the same bits as h64.ws. Opt-in: "
+     "SMLA_SM90_CROSSOVER=1",
+     supports_sm90_xo, split_workspace_bytes},
     {"h64.ws", ScorePrecision::kBF16,
      "warp-specialized wgmma kernel, 64-head groups (heads past H zero-padded); quantized rows dequantized to "
      "bf16 in shared memory, an e4m3 q widened to bf16 exactly; fp32 sums (DESIGN.md §8: LSE within 1e-3)",
@@ -106,6 +112,10 @@ int swapab_max_heads();
 // faster than h64.ws); SMLA_SM90_SWAPAB_E4M3=0 turns it off, read once.
 inline constexpr bool kSwapAbE4M3ByDefault = true;
 bool swapab_e4m3_enabled();
+
+// The crossover variant h128.xo (fp8_ds_mla, bf16 scores, 64 < H <= 128): opt-in, SMLA_SM90_CROSSOVER=1,
+// read once per process (docs/perf-history.md s12-crossover: not measured yet).
+bool crossover_enabled();
 
 // The variant that runs g on dev: the first that supports it; nullptr when none does
 // (support_cuda says why).

@@ -127,6 +127,24 @@ Support supports_sm90_swapab(const Geometry& g, const DeviceInfo& dev) {
   return {};
 }
 
+bool crossover_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("SMLA_SM90_CROSSOVER");
+    return e != nullptr && std::string(e) == "1";
+  }();
+  return on;
+}
+
+Support supports_sm90_xo(const Geometry& g, const DeviceInfo& dev) {
+  if (auto s = sm90_common(g, dev); !s.ok()) return s;
+  if (!crossover_enabled()) return {"h128.xo is opt-in; set SMLA_SM90_CROSSOVER=1 to use it"};
+  if (g.format != KvFormat::kFP8DsMla) return {"h128.xo reads fp8_ds_mla rows only; use h64.ws"};
+  if (resolve_score_precision(g) != ScorePrecision::kBF16)
+    return {"h128.xo computes the scores in bf16, not fp8; use h64.ws.q8 for fp8 scores"};
+  if (g.num_heads <= 64) return {"h128.xo runs 64 < H <= 128 (two 64-head blocks per token); use h64.ws"};
+  return {};
+}
+
 Support supports_sm90_ws(const Geometry& g, const DeviceInfo& dev) {
   if (auto s = sm90_common(g, dev); !s.ok()) return s;
   if (resolve_score_precision(g) != ScorePrecision::kBF16) return {"h64.ws computes the scores in bf16, not fp8"};

@@ -6,15 +6,21 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "cuda/sm90/sparse_mla/config.h"
+#include "cuda/sm90/sparse_mla/dequant.h"
+#include "cuda/sm90/sparse_mla/xo_layout.h"
+#include "smla/formats.h"
 
 namespace k = smla::cuda::sm90::sparse_mla;
 
@@ -30,6 +36,100 @@ TEST(KernelConfig, HeadGroups) {
   EXPECT_EQ(k::head_groups_for(64), 1);
   EXPECT_EQ(k::head_groups_for(65), 2);
   EXPECT_EQ(k::head_groups_for(128), 2);
+}
+
+// The crossover variant's layout (xo_layout.h): each CTA of the pair stages its 32 rows inside its
+// own rows of the half's blocks, writes exactly its own rows (4 KiB of every latent block) here and
+// in the peer, and never touches what the other CTA stages or writes.
+TEST(KernelConfig, CrossoverLayoutKeepsTheTwoCtasApart) {
+  constexpr int kBuf = k::WsConfig::kDimBlocks * k::WsConfig::kBlockBytes;
+  std::vector<int> staged(kBuf, -1), written(kBuf, -1);  // which (rank) stages / writes each byte
+  const smla::RowLayout L = smla::row_layout(smla::KvFormat::kFP8DsMla);
+  for (int rank = 0; rank < 2; ++rank)
+    for (int h = 0; h < 2; ++h)
+      for (int rl = 0; rl < k::xo::kRows; ++rl) {
+        for (int c = 0; c < k::xo::kStageCopies; ++c) {
+          const int d = k::xo::copy_dst(h, rank, rl, c), src = k::xo::copy_src(h, c, L.scale_offset);
+          EXPECT_LE(src + 16, L.rope_offset) << "a staged copy reads past the scales (D = 512 rows stop there)";
+          const int blk = d / k::WsConfig::kBlockBytes, in = d % k::WsConfig::kBlockBytes;
+          EXPECT_TRUE(blk >= 4 * h + 1 && blk <= 4 * h + 3) << "stage outside half " << h << "'s latent blocks";
+          EXPECT_TRUE(in >= rank * k::xo::kOwnBytes && in + 16 <= (rank + 1) * k::xo::kOwnBytes)
+              << "rank " << rank << " stages outside its own rows";
+          for (int b = d; b < d + 16; ++b) {
+            EXPECT_EQ(staged[b], -1) << "byte " << b << " staged twice";
+            staged[b] = rank;
+          }
+        }
+        for (int blk = 4 * h; blk < 4 * h + 4; ++blk)
+          for (int c = 0; c < 8; ++c) {
+            const int d = k::xo::bf16_chunk(k::xo::row_of(rank, rl), blk, c);
+            EXPECT_EQ(d, k::xo::bf16_chunk(k::xo::row_of(rank, rl % 16), blk, c) + (rl / 16) * 16 * k::WsConfig::kAtomBytes)
+                << "the converter's address step per 16 rows";
+            for (int b = d; b < d + 16; ++b) {
+              EXPECT_EQ(written[b], -1) << "byte " << b << " written twice";
+              written[b] = rank;
+            }
+          }
+      }
+  for (int b = 0; b < kBuf; ++b) {
+    const int blk = b / k::WsConfig::kBlockBytes, owner = (b % k::WsConfig::kBlockBytes) / k::xo::kOwnBytes;
+    EXPECT_EQ(written[b], blk < 8 ? owner : -1) << "byte " << b;  // every latent byte by its rows' CTA; block 8 by none
+    if (staged[b] != -1) EXPECT_EQ(staged[b], owner) << "byte " << b;
+  }
+  EXPECT_EQ(k::xo::kPeerBytesPerHalf, k::xo::kRows * 4 * k::WsConfig::kAtomBytes);
+}
+
+// The pair's whole data path on the host (producer copies, each CTA's conversion reading its staging
+// and writing both buffers with dequant.h's host twin of the kernel's e4m3x8_scaled_fast), CTA 0
+// entirely before CTA 1 (a write into the other CTA's staging would show): every latent chunk of
+// both buffers is dequant_chunk of its row, a masked row (zero-filled) is 0.
+TEST(KernelConfig, CrossoverDataPathRebuildsEveryRow) {
+  constexpr int kBuf = k::WsConfig::kDimBlocks * k::WsConfig::kBlockBytes;
+  const smla::RowLayout L = smla::row_layout(smla::KvFormat::kFP8DsMla);
+  std::mt19937_64 rng(12345);
+  std::vector<std::vector<uint8_t>> rows(k::kBlockK, std::vector<uint8_t>(size_t(L.bytes)));
+  for (int r = 0; r < k::kBlockK; ++r) {
+    for (auto& b : rows[r]) b = uint8_t(rng());
+    for (int i = 0; i < L.bytes; ++i)
+      if ((rows[r][i] & 0x7f) == 0x7f) rows[r][i] ^= 1;  // no NaN e4m3
+    for (int i = 0; i < L.num_scales; ++i) {
+      const float sc = std::ldexp(1.0f + float(rng() % 1000) / 1000.0f, int(rng() % 20) - 10);
+      std::memcpy(rows[r].data() + L.scale_offset + 4 * i, &sc, 4);
+    }
+  }
+  std::fill(rows[37].begin(), rows[37].end(), uint8_t(0));  // a masked entry: the producer zero-fills it
+  std::vector<std::vector<uint8_t>> buf(2, std::vector<uint8_t>(kBuf, 0xAB));
+  for (int rank = 0; rank < 2; ++rank)  // producers
+    for (int h = 0; h < 2; ++h)
+      for (int rl = 0; rl < k::xo::kRows; ++rl)
+        for (int c = 0; c < k::xo::kStageCopies; ++c)
+          std::memcpy(&buf[rank][k::xo::copy_dst(h, rank, rl, c)],
+                      rows[k::xo::row_of(rank, rl)].data() + k::xo::copy_src(h, c, L.scale_offset), 16);
+  for (int rank = 0; rank < 2; ++rank)  // converters: read all, then write here and in the peer
+    for (int h = 0; h < 2; ++h) {
+      std::vector<std::pair<int, k::dq::Chunk>> out;
+      for (int rl = 0; rl < k::xo::kRows; ++rl)
+        for (int blk = 4 * h; blk < 4 * h + 4; ++blk)
+          for (int c = 0; c < 8; ++c) {
+            const uint8_t* b = buf[rank].data();
+            const uint32_t lo = k::dq::ld_u32(b + k::xo::stage_chunk(h, rank, rl, blk, c));
+            const uint32_t hi = k::dq::ld_u32(b + k::xo::stage_chunk(h, rank, rl, blk, c) + 4);
+            const float sc = smla::num::bits_f32(k::dq::ld_u32(b + k::xo::stage_scale_of(h, rank, rl, blk)));
+            out.push_back({k::xo::bf16_chunk(k::xo::row_of(rank, rl), blk, c), k::dq::e4m3x8_scaled(lo, hi, sc)});
+          }
+      for (const auto& [d, v] : out)
+        for (int to = 0; to < 2; ++to) std::memcpy(&buf[to][d], v.w, 16);
+    }
+  int64_t bad = 0;
+  for (int to = 0; to < 2; ++to)
+    for (int r = 0; r < k::kBlockK; ++r)
+      for (int blk = 0; blk < 8; ++blk)
+        for (int c = 0; c < 8; ++c) {
+          const k::dq::Chunk want = k::dq::dequant_chunk<smla::KvFormat::kFP8DsMla>(rows[r].data(), blk * 8 + c);
+          bad += std::memcmp(&buf[to][k::xo::bf16_chunk(r, blk, c)], want.w, 16) != 0;
+          if (r == 37) bad += std::memcmp(want.w, std::array<uint32_t, 4>{}.data(), 16) != 0;
+        }
+  EXPECT_EQ(bad, 0) << "bf16 chunks differing from dequant_chunk";
 }
 
 namespace {

@@ -159,7 +159,8 @@ TEST(Support, Fp8ScoresNeedAnE4m3QWithAnFp8Cache) {
     g.score_precision = smla::ScorePrecision::kBF16;
     EXPECT_TRUE(smla::support_cuda(g, h200, true).ok());
     ASSERT_NE(smla::cuda_variant_for(g, h200), nullptr);
-    EXPECT_STREQ(smla::cuda_variant_for(g, h200)->name, "h64.ws");
+    EXPECT_STREQ(smla::cuda_variant_for(g, h200)->name,
+                 f == KvFormat::kFP8DsMla && smla::crossover_enabled() ? "h128.xo" : "h64.ws");
     g.score_precision = smla::ScorePrecision::kFP8;
     EXPECT_TRUE(smla::support_cpu(g).ok()) << "the reference takes any score precision";
     EXPECT_TRUE(smla::support_cuda(g, h200, true).ok()) << smla::support_cuda(g, h200, true).reason;
@@ -188,17 +189,20 @@ TEST(Support, Fp8ScoresNeedAnE4m3QWithAnFp8Cache) {
 // (or 64) under the opt-in SMLA_SM90_SWAPAB_HGROUPS (16-head blocks).
 TEST(Support, SwapAbTakesSmallHeadFp8DsMlaWithABf16Q) {
   const auto h200 = device(9, 0, "NVIDIA H200");
-  const std::string small_v = smla::swapab_enabled() ? "swapab" : "h64.ws";
   const int hmax = smla::swapab_max_heads();
-  for (int H : {1, 8, 16, 17, 20, 31, 32, 33, 64, 128}) {
-    const std::string small = H <= hmax ? small_v : "h64.ws";
+  // swapab up to its H limit (16, or 32 / 64 under SMLA_SM90_SWAPAB_HGROUPS); H > 64: the crossover variant with
+  // SMLA_SM90_CROSSOVER=1 (opt-in); else h64.ws.
+  auto ds = [&](int H) -> std::string {
+    return H <= hmax && smla::swapab_enabled() ? "swapab" : H > 64 && smla::crossover_enabled() ? "h128.xo" : "h64.ws";
+  };
+  for (int H : {1, 8, 16, 17, 20, 31, 32, 33, 64, 96, 128}) {
     const smla::CudaVariant* v = smla::cuda_variant_for(geo(KvFormat::kFP8DsMla, DType::kBF16, H), h200);
     ASSERT_NE(v, nullptr) << H;
-    EXPECT_EQ(std::string(v->name), small) << H;
+    EXPECT_EQ(std::string(v->name), ds(H)) << H;
     for (int rope : {64, 0}) {  // D = 512 too
       v = smla::cuda_variant_for(geo(KvFormat::kFP8DsMla, DType::kBF16, H, rope, 77), h200);
       ASSERT_NE(v, nullptr) << H;
-      EXPECT_EQ(std::string(v->name), small) << H << " rope " << rope;
+      EXPECT_EQ(std::string(v->name), ds(H)) << H << " rope " << rope;
     }
     for (KvFormat f : {KvFormat::kBF16, KvFormat::kNvFP4DsMla})
       EXPECT_STREQ(smla::cuda_variant_for(geo(f, DType::kBF16, H), h200)->name, "h64.ws") << H;
@@ -214,7 +218,7 @@ TEST(Support, SwapAbTakesSmallHeadFp8DsMlaWithABf16Q) {
                                                                                      : smla::ScorePrecision::kFP8)
         << H;
     q8.score_precision = smla::ScorePrecision::kBF16;
-    EXPECT_EQ(std::string(smla::cuda_variant_for(q8, h200)->name), small) << H << " bf16";
+    EXPECT_EQ(std::string(smla::cuda_variant_for(q8, h200)->name), ds(H)) << H << " bf16";
     q8.score_precision = smla::ScorePrecision::kFP8;  // asked for: the fp8 tensor-core path
     EXPECT_STREQ(smla::cuda_variant_for(q8, h200)->name, "h64.ws.q8") << H << " fp8";
     // fp8_e4m3 keeps its fp8 default at every H
@@ -243,6 +247,40 @@ TEST(Support, SwapAbTakesSmallHeadFp8DsMlaWithABf16Q) {
   expect_reason(smla::supports_sm90_swapab(g, device(8, 0, "NVIDIA A100")), "SM90", "sm_80");
 }
 
+// The crossover variant h128.xo: fp8_ds_mla with bf16 scores at 64 < H <= 128, only with
+// SMLA_SM90_CROSSOVER=1 (read once per process); each refusal names what runs instead.
+TEST(Support, CrossoverTakesWideFp8DsMlaOnlyWhenAskedFor) {
+  const auto h200 = device(9, 0, "NVIDIA H200");
+  if (!smla::crossover_enabled()) {
+    expect_reason(smla::supports_sm90_xo(geo(KvFormat::kFP8DsMla, DType::kBF16, 128), h200), "SMLA_SM90_CROSSOVER=1",
+                  "switched off");
+    for (int H : {65, 96, 128})
+      EXPECT_STREQ(smla::cuda_variant_for(geo(KvFormat::kFP8DsMla, DType::kBF16, H), h200)->name, "h64.ws") << H;
+    return;
+  }
+  for (int H : {65, 81, 96, 127, 128})
+    for (int rope : {64, 0}) {
+      EXPECT_TRUE(smla::supports_sm90_xo(geo(KvFormat::kFP8DsMla, DType::kBF16, H, rope, 77), h200).ok()) << H;
+      EXPECT_STREQ(smla::cuda_variant_for(geo(KvFormat::kFP8DsMla, DType::kBF16, H, rope), h200)->name, "h128.xo") << H;
+    }
+  for (int H : {1, 17, 64}) {
+    expect_reason(smla::supports_sm90_xo(geo(KvFormat::kFP8DsMla, DType::kBF16, H), h200), "64 < H <= 128",
+                  "H = " + std::to_string(H));
+  }
+  for (KvFormat f : {KvFormat::kBF16, KvFormat::kFP8E4M3, KvFormat::kNvFP4DsMla}) {
+    expect_reason(smla::supports_sm90_xo(geo(f, DType::kBF16, 128), h200), "fp8_ds_mla rows only", "other format");
+    EXPECT_STREQ(smla::cuda_variant_for(geo(f, DType::kBF16, 128), h200)->name, "h64.ws");
+  }
+  Geometry q8 = geo(KvFormat::kFP8DsMla, DType::kE4M3, 128);  // auto: fp8 scores, h64.ws.q8
+  expect_reason(smla::supports_sm90_xo(q8, h200), "not fp8", "fp8 scores");
+  EXPECT_STREQ(smla::cuda_variant_for(q8, h200)->name, "h64.ws.q8");
+  q8.score_precision = smla::ScorePrecision::kBF16;  // an e4m3 q widened exactly
+  EXPECT_STREQ(smla::cuda_variant_for(q8, h200)->name, "h128.xo");
+  expect_reason(smla::supports_sm90_xo(geo(KvFormat::kFP8DsMla, DType::kBF16, 128), device(8, 0, "NVIDIA A100")),
+                "SM90", "sm_80");
+  expect_reason(smla::support_cuda(geo(KvFormat::kFP8DsMla, DType::kBF16, 129), h200, true), "128 heads", "H = 129");
+}
+
 TEST(Support, ResolveScorePrecision) {
   using SP = smla::ScorePrecision;
   const auto h200 = device(9, 0, "NVIDIA H200");
@@ -266,7 +304,11 @@ TEST(Support, ResolveScorePrecision) {
       const smla::CudaVariant* va = smla::cuda_variant_for(g, h200);
       const smla::CudaVariant* vb = smla::cuda_variant_for(b, h200);
       EXPECT_EQ(va, vb) << what;
-      if (va != nullptr) EXPECT_STREQ(va->name, fp8_pair ? "h64.ws.q8" : "h64.ws") << what;
+      if (va != nullptr)
+        EXPECT_STREQ(va->name, fp8_pair                                                   ? "h64.ws.q8"
+                               : f == KvFormat::kFP8DsMla && smla::crossover_enabled() ? "h128.xo"
+                                                                                         : "h64.ws")
+            << what;
     }
   // the pairs the table lists as runnable on an SM90 GPU under auto (by hand)
   EXPECT_NE(smla::cuda_variant_for(geo(KvFormat::kFP8DsMla, DType::kE4M3), h200), nullptr);

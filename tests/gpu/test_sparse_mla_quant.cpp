@@ -336,6 +336,18 @@ std::vector<Case> cases() {
       s.num_rows = 1 << 16;
       add(f, "T65537_H2_K16", s);
     }
+    if (f == KvFormat::kFP8DsMla) {  // H > 64: two head groups (the crossover variant h128.xo with SMLA_SM90_CROSSOVER=1)
+      {
+        auto s = base(f, 4, 128, 500);
+        s.invalid_fraction = 0.6, s.num_rows = 50;  // many invalid (-1, negative, >= num_rows) and duplicates
+        add(f, "T4_H128_invalid_duplicates", s);
+      }
+      {
+        auto s = base(f, 8, 96, 300);
+        s.all_invalid_row = true, s.use_counts = true, s.sink = true, s.lse_mode = LseMode::kBase2;
+        add(f, "T8_H96_K300_all_invalid_counts_sink_lse2", s);
+      }
+    }
     if (f == KvFormat::kFP8DsMla) {  // the swap-AB kernel's shapes (H <= 16: N = 16; and H = 17, 32 on h64.ws)
       for (int H : {8, 17, 32}) add(f, "T3_H" + std::to_string(H) + "_K2048_split", base(f, 3, H, 2048));
       add(f, "T1_H16_K2048_split", base(f, 1, 16, 2048));

@@ -389,7 +389,10 @@ TEST(SparseMlaSm90Routing, Variants) {
     const std::string e4 = H <= hmax && smla::swapab_enabled() && smla::swapab_e4m3_enabled() ? "swapab" : "h64.ws";
     EXPECT_EQ(variant(KvFormat::kFP8E4M3, H, DType::kBF16), e4) << H;
     // fp8_ds_mla with a bf16 q at H <= 16: the swap-AB kernel when SMLA_SM90_SWAPAB turns it on.
-    const std::string ds = H <= hmax && smla::swapab_enabled() ? "swapab" : "h64.ws";
+    // ... and at H > 64 the crossover variant with SMLA_SM90_CROSSOVER=1 (opt-in).
+    const std::string ds = H <= hmax && smla::swapab_enabled() ? "swapab"
+                           : H > 64 && smla::crossover_enabled() ? "h128.xo"
+                                                                 : "h64.ws";
     EXPECT_EQ(variant(KvFormat::kFP8DsMla, H, DType::kBF16), ds) << H;
     EXPECT_EQ(variant(KvFormat::kNvFP4DsMla, H, DType::kBF16), "h64.ws") << H;
     // A 16-bit q: auto and an explicit bf16 are the same path.
@@ -409,7 +412,9 @@ TEST(SparseMlaSm90Routing, Variants) {
     EXPECT_EQ(variant(KvFormat::kFP8E4M3, H, DType::kE4M3, bf16),
               H <= hmax && smla::swapab_enabled() && smla::swapab_e4m3_enabled() ? "swapab" : "h64.ws")
         << H;
-    EXPECT_EQ(variant(KvFormat::kFP8DsMla, H, DType::kE4M3, bf16), ds_small ? "swapab" : "h64.ws") << H;
+    EXPECT_EQ(variant(KvFormat::kFP8DsMla, H, DType::kE4M3, bf16),
+              ds_small ? "swapab" : H > 64 && smla::crossover_enabled() ? "h128.xo" : "h64.ws")
+        << H;
     // fp8 scores need an e4m3 q (and an e4m3 q an fp8 cache).
     EXPECT_EQ(variant(KvFormat::kFP8DsMla, H, DType::kBF16, fp8), "none") << H;
     EXPECT_EQ(variant(KvFormat::kBF16, H, DType::kBF16, fp8), "none") << H;

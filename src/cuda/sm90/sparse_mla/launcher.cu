@@ -99,6 +99,11 @@ void launch_swapab(const k::KernelParams& kp, KvFormat format, cudaStream_t s) {
   else fail("swapab reads fp8_ds_mla or fp8_e4m3 rows only");  // unreachable: supports() refuses
 }
 
+void launch_h128_xo(const k::KernelParams& kp, KvFormat format, cudaStream_t s) {
+  if (format != KvFormat::kFP8DsMla) fail("h128.xo reads fp8_ds_mla rows only");  // unreachable: supports() refuses
+  k::launch_xo<KvFormat::kFP8DsMla>(kp, s);
+}
+
 void launch_h64_ws(const k::KernelParams& kp, KvFormat format, cudaStream_t s) {
   switch (format) {
     case KvFormat::kFP8E4M3: return k::launch_ws<ptx::Bf16, KvFormat::kFP8E4M3>(kp, s);
@@ -115,10 +120,10 @@ void launch_h64_ws_q8(const k::KernelParams& kp, KvFormat format, cudaStream_t s
   else fail("h64.ws.q8 reads fp8 rows only");  // unreachable: its supports() refuses the others
 }
 
-constexpr LaunchFn kLaunch[] = {launch_swapab, launch_h64_ws, launch_h64_ws_q8};
+constexpr LaunchFn kLaunch[] = {launch_swapab, launch_h128_xo, launch_h64_ws, launch_h64_ws_q8};
 static_assert(std::size(kLaunch) == std::size(kCudaVariants), "one launch per variant of smla/support.h");
-static_assert(std::string_view(kCudaVariants[0].name) == "swapab" && std::string_view(kCudaVariants[1].name) == "h64.ws" &&
-                  std::string_view(kCudaVariants[2].name) == "h64.ws.q8",
+static_assert(std::string_view(kCudaVariants[0].name) == "swapab" && std::string_view(kCudaVariants[1].name) == "h128.xo" &&
+                  std::string_view(kCudaVariants[2].name) == "h64.ws" && std::string_view(kCudaVariants[3].name) == "h64.ws.q8",
               "kLaunch follows kCudaVariants");
 
 }  // namespace
