@@ -77,7 +77,9 @@ inline constexpr CudaVariant kCudaVariants[] = {
      "small-H kernel for fp8_ds_mla with a bf16 q or an e4m3 q widened exactly (H <= 16; the default for both, "
      "score precision auto or bf16): the rows are the wgmma M dimension (H padded to 16, "
      "not 64), raw rows in a cp.async ring, e4m3 converted exactly in registers, tile scales in fp32 (S) and folded "
-     "into bf16 P (P V); fp32 sums (DESIGN.md §8: LSE within 1e-3). SMLA_SM90_SWAPAB=0 turns it off",
+     "into bf16 P (P V); fp32 sums (DESIGN.md §8: LSE within 1e-3). SMLA_SM90_SWAPAB=0 turns it off; fp8_e4m3 "
+     "(SMLA_SM90_SWAPAB_E4M3=1) and nvfp4_ds_mla (SMLA_SM90_SWAPAB_NVFP4=1, block scales applied as K and V are "
+     "converted) opt-in",
      supports_sm90_swapab, split_workspace_bytes},
     {"h64.ws", ScorePrecision::kBF16,
      "warp-specialized wgmma kernel, 64-head groups (heads past H zero-padded); quantized rows dequantized to "
@@ -99,6 +101,9 @@ bool swapab_enabled();
 // fp8_e4m3 rows on swapab (bf16 scores: a bf16 q, or an e4m3 q with score precision bf16): opt-in,
 // SMLA_SM90_SWAPAB_E4M3=1, read once.
 bool swapab_e4m3_enabled();
+// nvfp4_ds_mla rows on swapab (a bf16 q): opt-in, SMLA_SM90_SWAPAB_NVFP4=1, read once; not measured yet
+// (docs/perf-history.md#s12-swapab-nvfp4).
+bool swapab_nvfp4_enabled();
 
 // The variant that runs g on dev: the first that supports it; nullptr when none does
 // (support_cuda says why).

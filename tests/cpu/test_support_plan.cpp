@@ -197,8 +197,13 @@ TEST(Support, SwapAbTakesSmallHeadFp8DsMlaWithABf16Q) {
       ASSERT_NE(v, nullptr) << H;
       EXPECT_EQ(std::string(v->name), H <= 16 ? small : "h64.ws") << H << " rope " << rope;
     }
-    for (KvFormat f : {KvFormat::kBF16, KvFormat::kNvFP4DsMla})
-      EXPECT_STREQ(smla::cuda_variant_for(geo(f, DType::kBF16, H), h200)->name, "h64.ws") << H;
+    EXPECT_STREQ(smla::cuda_variant_for(geo(KvFormat::kBF16, DType::kBF16, H), h200)->name, "h64.ws") << H;
+    // nvfp4_ds_mla rows: on swapab only with SMLA_SM90_SWAPAB_NVFP4=1 (opt-in; D = 512 too)
+    const bool nv = H <= 16 && smla::swapab_enabled() && smla::swapab_nvfp4_enabled();
+    for (int rope : {64, 0})
+      EXPECT_EQ(std::string(smla::cuda_variant_for(geo(KvFormat::kNvFP4DsMla, DType::kBF16, H, rope, 77), h200)->name),
+                nv ? "swapab" : "h64.ws")
+          << H << " rope " << rope;
     // fp8_e4m3 rows: on swapab only with SMLA_SM90_SWAPAB_E4M3=1 (opt-in)
     const bool e4 = H <= 16 && smla::swapab_enabled() && smla::swapab_e4m3_enabled();
     EXPECT_EQ(std::string(smla::cuda_variant_for(geo(KvFormat::kFP8E4M3, DType::kBF16, H), h200)->name),
@@ -226,6 +231,12 @@ TEST(Support, SwapAbTakesSmallHeadFp8DsMlaWithABf16Q) {
     fp8.score_precision = smla::ScorePrecision::kFP8;
     expect_reason(smla::supports_sm90_swapab(fp8, h200), "not fp8", "fp8 scores asked for");
     expect_reason(smla::supports_sm90_swapab(geo(KvFormat::kFP8DsMla, DType::kBF16, 17), h200), "H <= 16", "H = 17");
+    if (!smla::swapab_nvfp4_enabled())
+      expect_reason(smla::supports_sm90_swapab(geo(KvFormat::kNvFP4DsMla, DType::kBF16, 16), h200),
+                    "SMLA_SM90_SWAPAB_NVFP4=1", "nvfp4 rows without the opt-in");
+    else
+      expect_reason(smla::supports_sm90_swapab(geo(KvFormat::kNvFP4DsMla, DType::kBF16, 17), h200), "H <= 16",
+                    "nvfp4, H = 17");
   } else {
     expect_reason(smla::supports_sm90_swapab(g, h200), "SMLA_SM90_SWAPAB", "switched off");
   }

@@ -389,7 +389,10 @@ TEST(SparseMlaSm90Routing, Variants) {
     // fp8_ds_mla with a bf16 q at H <= 16: the swap-AB kernel when SMLA_SM90_SWAPAB turns it on.
     const std::string ds = H <= 16 && smla::swapab_enabled() ? "swapab" : "h64.ws";
     EXPECT_EQ(variant(KvFormat::kFP8DsMla, H, DType::kBF16), ds) << H;
-    EXPECT_EQ(variant(KvFormat::kNvFP4DsMla, H, DType::kBF16), "h64.ws") << H;
+    // nvfp4_ds_mla rows: the swap-AB kernel only with SMLA_SM90_SWAPAB_NVFP4=1 (opt-in)
+    const std::string nv = H <= 16 && smla::swapab_enabled() && smla::swapab_nvfp4_enabled() ? "swapab" : "h64.ws";
+    EXPECT_EQ(variant(KvFormat::kNvFP4DsMla, H, DType::kBF16), nv) << H;
+    EXPECT_EQ(variant(KvFormat::kNvFP4DsMla, H, DType::kBF16, smla::ScorePrecision::kBF16), nv) << H;
     // A 16-bit q: auto and an explicit bf16 are the same path.
     EXPECT_EQ(variant(KvFormat::kFP8DsMla, H, DType::kBF16, smla::ScorePrecision::kBF16), ds) << H;
     EXPECT_EQ(variant(KvFormat::kFP16, H, DType::kFP16, smla::ScorePrecision::kBF16), "h64.ws") << H;

@@ -147,4 +147,16 @@ SMLA_HD void v_pair(uint32_t va, uint32_t vb, uint32_t sc, uint32_t (&r)[4]) {
   r[3] = mul_bf16x2(e2m1x2_bits(va, vb, sel2(1, 5)), sc);
 }
 
+#if defined(__CUDACC__)
+// Device only: the shared-memory loads of the fragments' bytes (addresses of the shared window).
+__device__ __forceinline__ void lds64(uint32_t (&v)[2], uint32_t addr) {
+  asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];\n" : "=r"(v[0]), "=r"(v[1]) : "r"(addr));
+}
+__device__ __forceinline__ uint32_t lds16(uint32_t addr) {  // zero-extended
+  uint16_t v;
+  asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(v) : "r"(addr));
+  return v;
+}
+#endif
+
 }  // namespace smla::cuda::sm90::sparse_mla::swnv
