@@ -257,11 +257,12 @@ TEST(SparseMlaSm90Edge, SplitAndNoSplitAgree) {
 }
 
 // Two identical runs (split and not split) are bit-identical (bf16 H = 64; fp8_ds_mla H = 16 and
-// 32: the swap-AB kernel at H = 16 when it is on).
+// 32: the swap-AB kernel at H = 16 when it is on; nvfp4_ds_mla H = 16: swapab with SMLA_SM90_SWAPAB_NVFP4=1).
 TEST(SparseMlaSm90Edge, Deterministic) {
   REQUIRE_GPU();
   for (int64_t T : {int64_t(2), int64_t(300)})
-  for (auto [f, H] : {std::pair{KvFormat::kBF16, 64}, std::pair{KvFormat::kFP8DsMla, 16}, std::pair{KvFormat::kFP8DsMla, 32}}) {
+  for (auto [f, H] : {std::pair{KvFormat::kBF16, 64}, std::pair{KvFormat::kFP8DsMla, 16}, std::pair{KvFormat::kFP8DsMla, 32},
+                      std::pair{KvFormat::kNvFP4DsMla, 16}}) {
     auto s = base(T, H, 1000);
     s.format = f;
     s.sink = true;
@@ -277,10 +278,12 @@ TEST(SparseMlaSm90Edge, Deterministic) {
 }
 
 // A captured graph replays the direct launch bit for bit (no allocation or sync inside): bf16, and
-// fp8_ds_mla (H = 16: the swap-AB kernel when it is on).
+// fp8_ds_mla (H = 16: the swap-AB kernel when it is on), nvfp4_ds_mla H = 16 (swapab with
+// SMLA_SM90_SWAPAB_NVFP4=1).
 TEST(SparseMlaSm90Edge, GraphCaptureReplays) {
   REQUIRE_GPU();
-  for (auto [f, H] : {std::pair{KvFormat::kBF16, 32}, std::pair{KvFormat::kFP8DsMla, 16}, std::pair{KvFormat::kFP8DsMla, 32}}) {
+  for (auto [f, H] : {std::pair{KvFormat::kBF16, 32}, std::pair{KvFormat::kFP8DsMla, 16}, std::pair{KvFormat::kFP8DsMla, 32},
+                      std::pair{KvFormat::kNvFP4DsMla, 16}}) {
   SCOPED_TRACE(std::string(smla::to_string(f)) + " H = " + std::to_string(H));
   auto spec = base(3, H, 700);
   spec.format = f;

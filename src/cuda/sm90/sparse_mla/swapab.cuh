@@ -353,20 +353,20 @@ struct SwabConsumer {
             a[4 * cc + k][3] = k1[k][1];
           }
         }
-        return;
-      }
+      } else {
 #pragma unroll
-      for (int cc = 0; cc < 2; ++cc) {
-        uint32_t u0[4], u1[4];
-        const uint32_t off = uint32_t((2 * j + cc) * 64 + 16 * t);
-        swab::lds128(u0, r0 + off);
-        swab::lds128(u1, r1 + off);
+        for (int cc = 0; cc < 2; ++cc) {
+          uint32_t u0[4], u1[4];
+          const uint32_t off = uint32_t((2 * j + cc) * 64 + 16 * t);
+          swab::lds128(u0, r0 + off);
+          swab::lds128(u1, r1 + off);
 #pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          a[4 * cc + k][0] = swab::e4m3x2_bits<swab::kSelLo>(u0[k], u0[k]);
-          a[4 * cc + k][1] = swab::e4m3x2_bits<swab::kSelLo>(u1[k], u1[k]);
-          a[4 * cc + k][2] = swab::e4m3x2_bits<swab::kSelHi>(u0[k], u0[k]);
-          a[4 * cc + k][3] = swab::e4m3x2_bits<swab::kSelHi>(u1[k], u1[k]);
+          for (int k = 0; k < 4; ++k) {
+            a[4 * cc + k][0] = swab::e4m3x2_bits<swab::kSelLo>(u0[k], u0[k]);
+            a[4 * cc + k][1] = swab::e4m3x2_bits<swab::kSelLo>(u1[k], u1[k]);
+            a[4 * cc + k][2] = swab::e4m3x2_bits<swab::kSelHi>(u0[k], u0[k]);
+            a[4 * cc + k][3] = swab::e4m3x2_bits<swab::kSelHi>(u1[k], u1[k]);
+          }
         }
       }
     };
