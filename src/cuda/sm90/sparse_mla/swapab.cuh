@@ -1,7 +1,9 @@
 // SM90 sparse MLA, the small-H "swap AB" kernel for fp8_ds_mla rows and a bf16 q (or an e4m3 q,
 // widened to bf16 exactly when Q is staged; H <= 16): the
 // rows, not the heads, are the wgmma M dimension, so N = 16 and nothing is padded to 64 heads
-// (docs/perf-history.md#s11-swapab: the paper bound, the runs, the variants tried).
+// (docs/perf-history.md#s11-swapab: the paper bound, the runs, the variants tried). Also fp8_e4m3 rows
+// and nvfp4_ds_mla rows (opt-in; its block scales applied as K and V are converted: swapab_nvfp4.h,
+// docs/perf-history.md#s12-swapab-nvfp4).
 //
 // One block per (token, top-k split), 3 warpgroups:
 //   warpgroup 2: the producer. 16-byte cp.async of each valid 656-byte row into a ring of kStages
