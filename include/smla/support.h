@@ -79,7 +79,9 @@ inline constexpr CudaVariant kCudaVariants[] = {
      "H <= 32 in 16-head blocks with SMLA_SM90_SWAPAB_HGROUPS=1, opt-in; "
      "score precision auto or bf16): the rows are the wgmma M dimension (H padded to 16, "
      "not 64), raw rows in a cp.async ring, e4m3 converted exactly in registers, tile scales in fp32 (S) and folded "
-     "into bf16 P (P V); fp32 sums (DESIGN.md §8: LSE within 1e-3). SMLA_SM90_SWAPAB=0 turns it off",
+     "into bf16 P (P V); fp32 sums (DESIGN.md §8: LSE within 1e-3). SMLA_SM90_SWAPAB=0 turns it off; fp8_e4m3 "
+     "(SMLA_SM90_SWAPAB_E4M3=1) and nvfp4_ds_mla (SMLA_SM90_SWAPAB_NVFP4=1, block scales applied as K and V are "
+     "converted) opt-in",
      supports_sm90_swapab, split_workspace_bytes},
     {"h128.xo", ScorePrecision::kBF16,
      "h64.ws for fp8_ds_mla at 64 < H <= 128 as a cluster of a token's two 64-head blocks, each dequantizing half "
@@ -112,6 +114,9 @@ int swapab_max_heads();
 // faster than h64.ws); SMLA_SM90_SWAPAB_E4M3=0 turns it off, read once.
 inline constexpr bool kSwapAbE4M3ByDefault = true;
 bool swapab_e4m3_enabled();
+// nvfp4_ds_mla rows on swapab (a bf16 q): opt-in, SMLA_SM90_SWAPAB_NVFP4=1, read once; not measured yet
+// (docs/perf-history.md#s12-swapab-nvfp4).
+bool swapab_nvfp4_enabled();
 
 // The crossover variant h128.xo (fp8_ds_mla, bf16 scores, 64 < H <= 128): opt-in, SMLA_SM90_CROSSOVER=1,
 // read once per process (docs/perf-history.md s12-crossover: not measured yet).

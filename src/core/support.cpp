@@ -107,6 +107,14 @@ bool swapab_e4m3_enabled() {
   return on;
 }
 
+bool swapab_nvfp4_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("SMLA_SM90_SWAPAB_NVFP4");
+    return e != nullptr && std::string(e) == "1";
+  }();
+  return on;
+}
+
 Support supports_sm90_swapab(const Geometry& g, const DeviceInfo& dev) {
   if (auto s = sm90_common(g, dev); !s.ok()) return s;
   if (!swapab_enabled())
@@ -114,8 +122,10 @@ Support supports_sm90_swapab(const Geometry& g, const DeviceInfo& dev) {
                              : "swapab is opt-in; set SMLA_SM90_SWAPAB=1 to use it"};
   if (g.format == KvFormat::kFP8E4M3 && !swapab_e4m3_enabled())
     return {"swapab's fp8_e4m3 rows are turned off by SMLA_SM90_SWAPAB_E4M3=0; unset it to use them"};
-  if (g.format != KvFormat::kFP8DsMla && g.format != KvFormat::kFP8E4M3)
-    return {"swapab reads fp8_ds_mla and fp8_e4m3 rows only; use h64.ws for the other formats"};
+  if (g.format == KvFormat::kNvFP4DsMla && !swapab_nvfp4_enabled())
+    return {"swapab reads nvfp4_ds_mla rows only when SMLA_SM90_SWAPAB_NVFP4=1 (not measured yet); use h64.ws"};
+  if (g.format != KvFormat::kFP8DsMla && g.format != KvFormat::kFP8E4M3 && g.format != KvFormat::kNvFP4DsMla)
+    return {"swapab reads fp8_ds_mla, fp8_e4m3 and nvfp4_ds_mla rows only; use h64.ws for the other formats"};
   if (g.q_dtype != DType::kBF16 && g.q_dtype != DType::kE4M3)
     return {"swapab takes a bf16 or e4m3 q; use h64.ws for the others"};
   if (resolve_score_precision(g) != ScorePrecision::kBF16)

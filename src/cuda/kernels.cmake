@@ -19,4 +19,5 @@ set(SMLA_CUDA_SOURCES
   # small H (<= 16), fp8_ds_mla / fp8_e4m3 with bf16 scores: rows as the wgmma M dimension (swap AB)
   ${CMAKE_CURRENT_LIST_DIR}/sm90/sparse_mla/fp8_ds_mla_swapab.cu
   ${CMAKE_CURRENT_LIST_DIR}/sm90/sparse_mla/fp8_e4m3_swapab.cu
+  ${CMAKE_CURRENT_LIST_DIR}/sm90/sparse_mla/nvfp4_ds_mla_swapab.cu  # opt-in: SMLA_SM90_SWAPAB_NVFP4=1
 )

@@ -204,8 +204,13 @@ TEST(Support, SwapAbTakesSmallHeadFp8DsMlaWithABf16Q) {
       ASSERT_NE(v, nullptr) << H;
       EXPECT_EQ(std::string(v->name), ds(H)) << H << " rope " << rope;
     }
-    for (KvFormat f : {KvFormat::kBF16, KvFormat::kNvFP4DsMla})
-      EXPECT_STREQ(smla::cuda_variant_for(geo(f, DType::kBF16, H), h200)->name, "h64.ws") << H;
+    EXPECT_STREQ(smla::cuda_variant_for(geo(KvFormat::kBF16, DType::kBF16, H), h200)->name, "h64.ws") << H;
+    // nvfp4_ds_mla rows: on swapab only with SMLA_SM90_SWAPAB_NVFP4=1 (opt-in; D = 512 too)
+    const bool nv = H <= hmax && smla::swapab_enabled() && smla::swapab_nvfp4_enabled();
+    for (int rope : {64, 0})
+      EXPECT_EQ(std::string(smla::cuda_variant_for(geo(KvFormat::kNvFP4DsMla, DType::kBF16, H, rope, 77), h200)->name),
+                nv ? "swapab" : "h64.ws")
+          << H << " rope " << rope;
     // fp8_e4m3 rows: on swapab unless SMLA_SM90_SWAPAB_E4M3=0 (or SMLA_SM90_SWAPAB=0)
     const bool e4 = H <= hmax && smla::swapab_enabled() && smla::swapab_e4m3_enabled();
     EXPECT_EQ(std::string(smla::cuda_variant_for(geo(KvFormat::kFP8E4M3, DType::kBF16, H), h200)->name),
@@ -241,6 +246,12 @@ TEST(Support, SwapAbTakesSmallHeadFp8DsMlaWithABf16Q) {
       expect_reason(smla::supports_sm90_swapab(geo(KvFormat::kFP8DsMla, DType::kBF16, hmax + 1), h200),
                     "H <= " + std::to_string(hmax), "H past the head groups' limit");
     }
+    if (!smla::swapab_nvfp4_enabled())
+      expect_reason(smla::supports_sm90_swapab(geo(KvFormat::kNvFP4DsMla, DType::kBF16, 16), h200),
+                    "SMLA_SM90_SWAPAB_NVFP4=1", "nvfp4 rows without the opt-in");
+    else
+      expect_reason(smla::supports_sm90_swapab(geo(KvFormat::kNvFP4DsMla, DType::kBF16, hmax + 1), h200),
+                    "H <= " + std::to_string(hmax), "nvfp4, H past swapab's limit");
   } else {
     expect_reason(smla::supports_sm90_swapab(g, h200), "SMLA_SM90_SWAPAB", "switched off");
   }

@@ -187,7 +187,8 @@ void run_checked(const ProblemSpec& spec, const std::string& what, smla::ScorePr
     // or 64 under the opt-in SMLA_SM90_SWAPAB_HGROUPS: swapab_max_heads())
     const bool swapab = p.num_heads <= smla::swapab_max_heads() && smla::swapab_enabled() &&
                         (p.format == KvFormat::kFP8DsMla ||
-                         (p.format == KvFormat::kFP8E4M3 && p.q_dtype == DType::kBF16 && smla::swapab_e4m3_enabled()));
+                         (p.format == KvFormat::kFP8E4M3 && p.q_dtype == DType::kBF16 && smla::swapab_e4m3_enabled()) ||
+                         (p.format == KvFormat::kNvFP4DsMla && smla::swapab_nvfp4_enabled()));
     EXPECT_STREQ(variant->name, swapab ? "swapab" : p.q_dtype == DType::kE4M3 ? "h64.ws.q8" : "h64.ws");
   }
   else
@@ -348,7 +349,9 @@ std::vector<Case> cases() {
         add(f, "T8_H96_K300_all_invalid_counts_sink_lse2", s);
       }
     }
-    if (f == KvFormat::kFP8DsMla) {  // the swap-AB kernel's shapes (H <= 16: N = 16; and H = 17, 32 on h64.ws)
+    // The swap-AB kernel's shapes (H <= 16: N = 16; and H = 17, 32 on h64.ws): fp8_ds_mla, and nvfp4_ds_mla
+    // (on swapab with SMLA_SM90_SWAPAB_NVFP4=1: its 8-stage ring wraps at K = 1024, 2048).
+    if (f != KvFormat::kFP8E4M3) {
       for (int H : {8, 17, 32}) add(f, "T3_H" + std::to_string(H) + "_K2048_split", base(f, 3, H, 2048));
       add(f, "T1_H16_K2048_split", base(f, 1, 16, 2048));
       add(f, "T1_H32_K2048_D512_split", [&] { auto s = base(f, 1, 32, 2048); s.rope_dim = 0; return s; }());
@@ -514,6 +517,53 @@ TEST_P(SparseMlaQuant, MatchesReferenceOnDequantizedRows) {
 
 INSTANTIATE_TEST_SUITE_P(Cases, SparseMlaQuant, ::testing::ValuesIn(cases()),
                          [](const ::testing::TestParamInfo<Case>& i) { return i.param.name; });
+
+// nvfp4_ds_mla rows whose 16-value blocks span magnitudes 2^-14 .. 2^2: subnormal e4m3 block scales and
+// the smallest one (2^-9), codes of 0.5 times them (the swap-AB kernel's bf16 subnormals:
+// docs/perf-history.md#s12-swapab-nvfp4), on the variant the table picks (h64.ws; swapab at H <= 16 with
+// SMLA_SM90_SWAPAB_NVFP4=1), against the float64 reference on the dequantized rows (DESIGN.md §8).
+TEST(SparseMlaQuantNvfp4, BlockScalesOverTheirRange) {
+  REQUIRE_GPU();
+  for (const auto& [T, H, K] : {std::array<int, 3>{4, 16, 2048}, {64, 8, 300}, {3, 1, 77}}) {
+    const ProblemSpec s = base(KvFormat::kNvFP4DsMla, T, H, K);
+    const uint64_t seed = fresh_seed();
+    auto hp = smla::testing::make_problem(s, seed);
+    const auto& p = hp.params;
+    const std::string what = "T" + std::to_string(T) + "_H" + std::to_string(H) + "_K" + std::to_string(K);
+    SCOPED_TRACE(what + " (seed " + std::to_string(seed) + ")");
+    // Re-encode the selected rows (the others keep their NaN poison).
+    std::mt19937_64 rng(seed ^ 0x9e3779b97f4a7c15ull);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<char> selected(size_t(p.num_rows), 0);
+    for (int64_t t = 0; t < p.num_tokens; ++t)
+      for (int j = 0; j < p.topk; ++j) {
+        const int32_t r = p.idx[t * p.idx_stride_t + j];
+        if (r >= 0 && r < p.num_rows) selected[size_t(r)] = 1;
+      }
+    int subnormal_scales = 0;
+    std::vector<float> lat(512), rope(64);
+    for (int64_t r = 0; r < p.num_rows; ++r) {
+      if (!selected[size_t(r)]) continue;
+      for (int i = 0; i < 512; ++i) lat[size_t(i)] = normal(rng) * std::ldexp(1.0f, int((i / 16 * 5 + r) % 17) - 14);
+      for (auto& v : rope) v = normal(rng) * 0.5f;
+      uint8_t* row = hp.kv.data() + r * p.kv_row_stride_bytes;
+      smla::encode_row(KvFormat::kNvFP4DsMla, s.rope_dim, lat.data(), rope.data(), 1.0f, row);
+      for (int b = 0; b < 32; ++b) subnormal_scales += (row[smla::nvfp4_scale_offset(b)] & 0x78u) == 0;
+    }
+    EXPECT_GT(subnormal_scales, 0) << "the rows must have subnormal block scales";
+    const smla::CudaVariant* variant = smla::cuda_variant_for(smla::geometry_of(p), smla::any_sm90_device());
+    ASSERT_NE(variant, nullptr);
+    std::vector<double> ref_out, ref_lse;
+    reference(hp, ref_out, ref_lse);
+    smla::cuda::sparse_mla_from_host(hp.params, hp.kv_bytes());
+    const auto d = smla::testing::compare(hp, ref_out, ref_lse);
+    std::printf("[ nvfp4    ] %s (%s): block scales 2^-9 .. ~2, %d subnormal: out rel L2 %.2e, LSE max abs %.2e\n",
+                what.c_str(), variant->name, subnormal_scales, d.rel_l2, d.lse_max_abs);
+    EXPECT_EQ(d.nonfinite, 0);
+    EXPECT_LE(d.rel_l2, 1e-2);
+    EXPECT_LE(d.lse_max_abs, 1e-3);
+  }
+}
 
 double rel_l2(const smla::testing::HostProblem& a, const smla::testing::HostProblem& b) {
   double num2 = 0, den2 = 0;

@@ -257,11 +257,12 @@ TEST(SparseMlaSm90Edge, SplitAndNoSplitAgree) {
 }
 
 // Two identical runs (split and not split) are bit-identical (bf16 H = 64; fp8_ds_mla H = 16 and
-// 32: the swap-AB kernel at H = 16 when it is on).
+// 32: the swap-AB kernel at H = 16 when it is on; nvfp4_ds_mla H = 16: swapab with SMLA_SM90_SWAPAB_NVFP4=1).
 TEST(SparseMlaSm90Edge, Deterministic) {
   REQUIRE_GPU();
   for (int64_t T : {int64_t(2), int64_t(300)})
-  for (auto [f, H] : {std::pair{KvFormat::kBF16, 64}, std::pair{KvFormat::kFP8DsMla, 16}, std::pair{KvFormat::kFP8DsMla, 32}}) {
+  for (auto [f, H] : {std::pair{KvFormat::kBF16, 64}, std::pair{KvFormat::kFP8DsMla, 16}, std::pair{KvFormat::kFP8DsMla, 32},
+                      std::pair{KvFormat::kNvFP4DsMla, 16}}) {
     auto s = base(T, H, 1000);
     s.format = f;
     s.sink = true;
@@ -277,10 +278,12 @@ TEST(SparseMlaSm90Edge, Deterministic) {
 }
 
 // A captured graph replays the direct launch bit for bit (no allocation or sync inside): bf16, and
-// fp8_ds_mla (H = 16: the swap-AB kernel when it is on).
+// fp8_ds_mla (H = 16: the swap-AB kernel when it is on), nvfp4_ds_mla H = 16 (swapab with
+// SMLA_SM90_SWAPAB_NVFP4=1).
 TEST(SparseMlaSm90Edge, GraphCaptureReplays) {
   REQUIRE_GPU();
-  for (auto [f, H] : {std::pair{KvFormat::kBF16, 32}, std::pair{KvFormat::kFP8DsMla, 16}, std::pair{KvFormat::kFP8DsMla, 32}}) {
+  for (auto [f, H] : {std::pair{KvFormat::kBF16, 32}, std::pair{KvFormat::kFP8DsMla, 16}, std::pair{KvFormat::kFP8DsMla, 32},
+                      std::pair{KvFormat::kNvFP4DsMla, 16}}) {
   SCOPED_TRACE(std::string(smla::to_string(f)) + " H = " + std::to_string(H));
   auto spec = base(3, H, 700);
   spec.format = f;
@@ -394,7 +397,10 @@ TEST(SparseMlaSm90Routing, Variants) {
                            : H > 64 && smla::crossover_enabled() ? "h128.xo"
                                                                  : "h64.ws";
     EXPECT_EQ(variant(KvFormat::kFP8DsMla, H, DType::kBF16), ds) << H;
-    EXPECT_EQ(variant(KvFormat::kNvFP4DsMla, H, DType::kBF16), "h64.ws") << H;
+    // nvfp4_ds_mla rows: the swap-AB kernel only with SMLA_SM90_SWAPAB_NVFP4=1 (opt-in)
+    const std::string nv = H <= 16 && smla::swapab_enabled() && smla::swapab_nvfp4_enabled() ? "swapab" : "h64.ws";
+    EXPECT_EQ(variant(KvFormat::kNvFP4DsMla, H, DType::kBF16), nv) << H;
+    EXPECT_EQ(variant(KvFormat::kNvFP4DsMla, H, DType::kBF16, smla::ScorePrecision::kBF16), nv) << H;
     // A 16-bit q: auto and an explicit bf16 are the same path.
     EXPECT_EQ(variant(KvFormat::kFP8DsMla, H, DType::kBF16, smla::ScorePrecision::kBF16), ds) << H;
     EXPECT_EQ(variant(KvFormat::kFP16, H, DType::kFP16, smla::ScorePrecision::kBF16), "h64.ws") << H;

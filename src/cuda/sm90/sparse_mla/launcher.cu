@@ -96,7 +96,8 @@ void launch_swapab(const k::KernelParams& kp, KvFormat format, cudaStream_t s) {
   if (kp.num_heads > 16 * kp.head_groups) fail("swapab runs 16 heads per block");
   if (format == KvFormat::kFP8DsMla) k::launch_swapab<16, KvFormat::kFP8DsMla>(kp, s);
   else if (format == KvFormat::kFP8E4M3) k::launch_swapab<16, KvFormat::kFP8E4M3>(kp, s);
-  else fail("swapab reads fp8_ds_mla or fp8_e4m3 rows only");  // unreachable: supports() refuses
+  else if (format == KvFormat::kNvFP4DsMla) k::launch_swapab<16, KvFormat::kNvFP4DsMla>(kp, s);
+  else fail("swapab reads fp8_ds_mla, fp8_e4m3 or nvfp4_ds_mla rows only");  // unreachable: supports() refuses
 }
 
 void launch_h128_xo(const k::KernelParams& kp, KvFormat format, cudaStream_t s) {

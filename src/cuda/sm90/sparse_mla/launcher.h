@@ -17,8 +17,8 @@ void launch_ws(const KernelParams& p, cudaStream_t stream);
 // (kernel_xo.cuh, `h128.xo`).
 template <KvFormat kFormat>
 void launch_xo(const KernelParams& p, cudaStream_t stream);
-// The small-H swap-AB kernel (swapab.cuh): fp8_ds_mla or fp8_e4m3 rows, a bf16 (or e4m3, widened) q, kN (16) heads per
-// block, p.head_groups blocks per token.
+// The small-H swap-AB kernel (swapab.cuh): fp8_ds_mla, fp8_e4m3 or nvfp4_ds_mla rows, a bf16 (or e4m3,
+// widened; fp8 rows) q, kN (16) heads per block, p.head_groups blocks per token.
 template <int kN, KvFormat kFormat>
 void launch_swapab(const KernelParams& p, cudaStream_t stream);
 // The split-K merge, a programmatic dependent launch behind launch_ws.

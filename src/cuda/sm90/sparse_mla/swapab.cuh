@@ -1,7 +1,9 @@
 // SM90 sparse MLA, the small-H "swap AB" kernel for fp8_ds_mla rows and a bf16 q (or an e4m3 q,
 // widened to bf16 exactly when Q is staged; H <= 16): the
 // rows, not the heads, are the wgmma M dimension, so N = 16 and nothing is padded to 64 heads
-// (docs/perf-history.md#s11-swapab: the paper bound, the runs, the variants tried).
+// (docs/perf-history.md#s11-swapab: the paper bound, the runs, the variants tried). Also fp8_e4m3 rows
+// and nvfp4_ds_mla rows (opt-in; its block scales applied as K and V are converted: swapab_nvfp4.h,
+// docs/perf-history.md#s12-swapab-nvfp4).
 //
 // One block per (token, top-k split) for H <= 16; for H up to 32 (64) under the opt-in
 // SMLA_SM90_SWAPAB_HGROUPS, ceil(H / 16) blocks per (token, split), block g of a token doing heads
@@ -41,6 +43,7 @@
 #include "cuda/sm90/sparse_mla/config.h"
 #include "cuda/sm90/sparse_mla/dequant.h"
 #include "cuda/sm90/sparse_mla/launcher.h"
+#include "cuda/sm90/sparse_mla/swapab_nvfp4.h"
 #include "cuda/sm90/sparse_mla/ws_common.cuh"
 #include "smla/types.h"
 
@@ -48,7 +51,8 @@ namespace smla::cuda::sm90::sparse_mla {
 
 template <int kN, KvFormat kF = KvFormat::kFP8DsMla>
 struct SwabConfig {
-  static_assert(kF == KvFormat::kFP8DsMla || kF == KvFormat::kFP8E4M3, "swapab reads fp8_ds_mla or fp8_e4m3 rows");
+  static_assert(kF == KvFormat::kFP8DsMla || kF == KvFormat::kFP8E4M3 || kF == KvFormat::kNvFP4DsMla,
+                "swapab reads fp8_ds_mla, fp8_e4m3 or nvfp4_ds_mla rows");
   // N = 32 (H <= 32, three stages) ran slower than h64.ws and its odd stage count broke the ring
   // (docs/perf-history.md#s11-swapab-run1): N = 16 only.
   static_assert(kN == 16, "N of the swap-AB wgmma: 16 heads");
@@ -58,10 +62,12 @@ struct SwabConfig {
   // Each stage belongs to one consumer (tiles alternate between the two, so the count is even):
   // a stage shared in turn would let a consumer wait on a phase two ahead of the one in flight
   // (an mbarrier's phase parity aliases).
-  static constexpr int kStages = 4;
-  // bytes between rows of a stage: a row (fp8_ds_mla 656, fp8_e4m3 576) and a bank spread of 8 words
-  // mod 32 (the two rows of an S load 16 banks apart, the four rows of a P V load 8 apart)
-  static constexpr int kRowStride = kF == KvFormat::kFP8DsMla ? 672 : 608;
+  // nvfp4_ds_mla: 8 stages of 22 KiB (its 352-byte rows; docs/perf-history.md#s12-swapab-nvfp4).
+  static constexpr int kStages = kF == KvFormat::kNvFP4DsMla ? 8 : 4;
+  // bytes between rows of a stage: a row (fp8_ds_mla 656, fp8_e4m3 576, nvfp4_ds_mla 352) and a bank
+  // spread of 8 words mod 32 (the two rows of an S load 16 banks apart, the four rows of a P V load 8
+  // apart; 352 bytes are 88 words, -8 mod 32, as they are)
+  static constexpr int kRowStride = kF == KvFormat::kFP8DsMla ? 672 : kF == KvFormat::kFP8E4M3 ? 608 : 352;
   static constexpr int kStageBytes = kBlockK * kRowStride;
   static constexpr int kOperandBytes = kN * 128;  // one (kN heads x 64 k) bf16 swizzled B operand
   struct SharedStorage {
@@ -151,6 +157,17 @@ __host__ __device__ constexpr int dim_of(int kl) {
   return 16 * ((col & 7) >> 1) + 4 * s + (col & 1) + 2 * (col >> 3);
 }
 __device__ __forceinline__ float pow2(int e) { return __int_as_float((127 + e) << 23); }  // e in [-126, 127]
+
+// swapab_nvfp4.h's lane layout (its host tests) is this kernel's K permutation.
+constexpr bool nvfp4_dims_agree() {
+  for (int ks = 0; ks < 36; ++ks)
+    for (int col = 0; col < 16; ++col) {
+      const int t = (col & 7) >> 1, r = col >> 3, e = col & 1;
+      if (swnv::k_dim(ks, t, r, e) != 64 * (ks >> 2) + dim_of(16 * (ks & 3) + col)) return false;
+    }
+  return true;
+}
+static_assert(nvfp4_dims_agree(), "swapab_nvfp4.h's k_dim must be dim_of's permutation");
 
 }  // namespace swab
 
@@ -306,6 +323,10 @@ struct SwabConsumer {
   static constexpr bool kDs = kF == KvFormat::kFP8DsMla;  // per-row tile scales and a bf16 RoPE; else
                                                           // fp8_e4m3: no scales (k_scale is in the score and
                                                           // output scales), an e4m3 RoPE
+  // nvfp4_ds_mla: e2m1 with a block scale per 16 values, applied to K and V as they are converted
+  // (swapab_nvfp4.h: the same units as e4m3, value * 2^-120); an e4m3 RoPE, no scale in P^T.
+  static constexpr bool kNv = kF == KvFormat::kNvFP4DsMla;
+  static constexpr int kRopeE4m3 = row_layout(kF).rope_offset;  // the e4m3 RoPE's bytes (not fp8_ds_mla)
   using Smem = typename Cfg::SharedStorage;
   static constexpr int kNH = kN / 2;  // accumulator registers of an m64nN product
   static constexpr int kNB = kN / 8;  // n8 blocks (heads 8i .. 8i + 7)
@@ -319,20 +340,45 @@ struct SwabConsumer {
     constexpr uint32_t kChunk = uint32_t(Cfg::kOperandBytes >> 4);
 #pragma unroll
     for (int i = 0; i < kNH; ++i) x[i] = 0.0f;
+    // nvfp4_ds_mla: each row's eight block scales of lane t's blocks (4 c + t, chunk c = 0..7).
+    uint32_t nsc0[2] = {0u, 0u}, nsc1[2] = {0u, 0u};
+    if constexpr (kNv) {
+      swnv::lds64(nsc0, r0 + uint32_t(swnv::k_scales(t)));
+      swnv::lds64(nsc1, r1 + uint32_t(swnv::k_scales(t)));
+    }
     // A of 128-dim tile j: 8 k-steps, 4 registers each.
     auto convert = [&](int j, uint32_t(&a)[8][4]) {
+      if constexpr (kNv) {  // 8 bytes (lane t's block of the chunk) per row and chunk, times its scale
 #pragma unroll
-      for (int cc = 0; cc < 2; ++cc) {
-        uint32_t u0[4], u1[4];
-        const uint32_t off = uint32_t((2 * j + cc) * 64 + 16 * t);
-        swab::lds128(u0, r0 + off);
-        swab::lds128(u1, r1 + off);
+        for (int cc = 0; cc < 2; ++cc) {
+          const int ch = 2 * j + cc;
+          uint32_t u0[2], u1[2], k0[4][2], k1[4][2];
+          swnv::lds64(u0, r0 + uint32_t(swnv::k_bytes(ch, t)));
+          swnv::lds64(u1, r1 + uint32_t(swnv::k_bytes(ch, t)));
+          swnv::k_chunk(u0[0], u0[1], swnv::k_scale(nsc0[0], nsc0[1], ch), k0);
+          swnv::k_chunk(u1[0], u1[1], swnv::k_scale(nsc1[0], nsc1[1], ch), k1);
 #pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          a[4 * cc + k][0] = swab::e4m3x2_bits<swab::kSelLo>(u0[k], u0[k]);
-          a[4 * cc + k][1] = swab::e4m3x2_bits<swab::kSelLo>(u1[k], u1[k]);
-          a[4 * cc + k][2] = swab::e4m3x2_bits<swab::kSelHi>(u0[k], u0[k]);
-          a[4 * cc + k][3] = swab::e4m3x2_bits<swab::kSelHi>(u1[k], u1[k]);
+          for (int k = 0; k < 4; ++k) {
+            a[4 * cc + k][0] = k0[k][0];
+            a[4 * cc + k][1] = k1[k][0];
+            a[4 * cc + k][2] = k0[k][1];
+            a[4 * cc + k][3] = k1[k][1];
+          }
+        }
+      } else {
+#pragma unroll
+        for (int cc = 0; cc < 2; ++cc) {
+          uint32_t u0[4], u1[4];
+          const uint32_t off = uint32_t((2 * j + cc) * 64 + 16 * t);
+          swab::lds128(u0, r0 + off);
+          swab::lds128(u1, r1 + off);
+#pragma unroll
+          for (int k = 0; k < 4; ++k) {
+            a[4 * cc + k][0] = swab::e4m3x2_bits<swab::kSelLo>(u0[k], u0[k]);
+            a[4 * cc + k][1] = swab::e4m3x2_bits<swab::kSelLo>(u1[k], u1[k]);
+            a[4 * cc + k][2] = swab::e4m3x2_bits<swab::kSelHi>(u0[k], u0[k]);
+            a[4 * cc + k][3] = swab::e4m3x2_bits<swab::kSelHi>(u1[k], u1[k]);
+          }
         }
       }
     };
@@ -372,7 +418,7 @@ struct SwabConsumer {
     swab::fence_a(a[1]);
     add(3, acc[1]);
     if (rope) {  // fp8_ds_mla: bf16 RoPE at bytes 528..655, lane t's dims [16 t, 16 t + 16), 2 per word;
-                 // fp8_e4m3: e4m3 RoPE at bytes 512..575, converted as the latent chunks
+                 // fp8_e4m3 / nvfp4_ds_mla: e4m3 RoPE at bytes 512..575 / 256..319, converted as e4m3 latent
       uint32_t ar[4][4];
       if constexpr (kDs) {
         uint32_t v0[8], v1[8];
@@ -384,8 +430,8 @@ struct SwabConsumer {
         for (int k = 0; k < 4; ++k) ar[k][0] = v0[2 * k], ar[k][1] = v1[2 * k], ar[k][2] = v0[2 * k + 1], ar[k][3] = v1[2 * k + 1];
       } else {
         uint32_t u0[4], u1[4];
-        swab::lds128(u0, r0 + 512 + 16 * t);
-        swab::lds128(u1, r1 + 512 + 16 * t);
+        swab::lds128(u0, r0 + kRopeE4m3 + 16 * t);
+        swab::lds128(u1, r1 + kRopeE4m3 + 16 * t);
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
           ar[k][0] = swab::e4m3x2_bits<swab::kSelLo>(u0[k], u0[k]);
@@ -413,6 +459,27 @@ struct SwabConsumer {
   // Arrives on `empty` once its last load is done (A lives in registers).
   // (Masked rows' stale bytes are converted too: the bit moves never make NaN or inf, and their P is 0.)
   __device__ __forceinline__ static void pv_convert(uint32_t kv, int w, int g, int t, int ks, uint32_t (&a)[8][4]) {
+    if constexpr (kNv) {  // 2 bytes (4 dims of one block) per row and tile j, each row's 8-byte scale group
+      uint32_t vv[4][4], sw[4][2];  // [k column 2t, 2t+1, 2t+8, 2t+9][tile j], [column][word]
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int m = 16 * ks + 2 * t + (c & 1) + 8 * (c >> 1);
+        const uint32_t row = kv + uint32_t(swab::slot_of(m) * Cfg::kRowStride);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) vv[c][j] = swnv::lds16(row + uint32_t(swnv::v_bytes(j, w, g)));
+        swnv::lds64(sw[c], row + uint32_t(swnv::v_scales(w, g)));
+      }
+      const uint32_t sel[2] = {swnv::v_scale_sel(w, 0), swnv::v_scale_sel(w, 1)};  // tile j's byte: j % 2
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        uint32_t r01[4], r23[4];
+        swnv::v_pair(vv[0][j], vv[1][j], swnv::v_scale(sw[0][j >> 1], sw[1][j >> 1], sel[j & 1]), r01);
+        swnv::v_pair(vv[2][j], vv[3][j], swnv::v_scale(sw[2][j >> 1], sw[3][j >> 1], sel[j & 1]), r23);
+        a[2 * j][0] = r01[0], a[2 * j][1] = r01[1], a[2 * j + 1][0] = r01[2], a[2 * j + 1][1] = r01[3];
+        a[2 * j][2] = r23[0], a[2 * j][3] = r23[1], a[2 * j + 1][2] = r23[2], a[2 * j + 1][3] = r23[3];
+      }
+      return;
+    }
     const uint32_t col = uint32_t(4 * (8 * w + g));
     uint32_t wd[4][4];  // [k column 2t, 2t+1, 2t+8, 2t+9][tile j]
 #pragma unroll
