@@ -876,7 +876,9 @@ void launch_swapab(const KernelParams& p, cudaStream_t stream) {
       default: break;
     }
   }
-  if (swapab_hold_mode() == 1) return launch_swapab_mode<kN, 0, kF, true>(p, stream);
+  if constexpr (kF != KvFormat::kNvFP4DsMla) {  // (nvfp4_ds_mla: the whole hold only, whatever the switch says)
+    if (swapab_hold_mode() == 1) return launch_swapab_mode<kN, 0, kF, true>(p, stream);
+  }
   launch_swapab_mode<kN, 0, kF>(p, stream);
 }
 
