@@ -201,6 +201,7 @@ struct ResolveSmem {
   // The small-step victim choice (assign_slots_small): per-warp counts (two buffers), the chosen
   // candidate keys, and the slot of each rank.
   alignas(16) unsigned warp_count[2][kThreads / 32];  // read 4 at a time
+  alignas(16) unsigned warp_count3[2][3][kThreads / 32];  // slot-mask mode: three thresholds per round
   uint32_t warp_min[kThreads / 32], warp_max[kThreads / 32];  // the candidates' stamp range per warp
   int num_sel;
   alignas(16) uint32_t sel[kSmallMisses];  // 16-byte aligned: rank_of reads it 4 at a time
@@ -539,6 +540,45 @@ __device__ __forceinline__ void collect_chosen_by_scan(const uint32_t (&key)[kIt
   }
 }
 
+// Slot-mask mode: the search for s* in rounds of three thresholds (tiered::search_thresholds /
+// search_round: the first gallops from lo, later ones split the range in four), one block barrier
+// per round: in a steady cache s* is the oldest candidate stamp or the next, found in one round
+// where the binary search takes ~4 (s11: ~0.3 µs each). Leaves lo == hi == s*, c0 = count(< s*).
+template <int kItems, class Smem>
+__device__ __forceinline__ void search_four_way(const uint32_t (&key)[kItems], int n, uint32_t& lo, uint32_t& hi,
+                                                unsigned& c0, Smem& sm) {
+  constexpr uint32_t kNone = 0xffffffffu;
+  const int lane = int(threadIdx.x) & 31, warp = int(threadIdx.x) >> 5;
+  for (int round = 0; lo < hi; ++round) {
+    uint32_t th[3];
+    tiered::search_thresholds(lo, hi, round, th);
+    unsigned c[3] = {0u, 0u, 0u};
+#pragma unroll
+    for (int k = 0; k < kItems; ++k) {
+      const uint32_t st = key[k] >> kSlotBits;  // kNone's is 2^19 - 1, above every threshold (< 2^18)
+      c[0] += key[k] != kNone && st <= th[0];
+      c[1] += key[k] != kNone && st <= th[1];
+      c[2] += key[k] != kNone && st <= th[2];
+    }
+#pragma unroll
+    for (int j = 0; j < 3; ++j) c[j] = __reduce_add_sync(0xffffffffu, c[j]);
+    if (lane == 0) {
+#pragma unroll
+      for (int j = 0; j < 3; ++j) sm.warp_count3[round & 1][j][warp] = c[j];
+    }
+    __syncthreads();  // two buffers: a warp rewrites this one only after the next barrier
+    unsigned total[3] = {0u, 0u, 0u};
+#pragma unroll
+    for (int j = 0; j < 3; ++j)
+#pragma unroll
+      for (int w = 0; w < kThreads / 32; w += 4) {
+        const uint4 v = *reinterpret_cast<const uint4*>(&sm.warp_count3[round & 1][j][w]);
+        total[j] += v.x + v.y + v.z + v.w;
+      }
+    tiered::search_round(lo, hi, c0, th, total, unsigned(n));
+  }
+}
+
 // Phase 2 for a step of n <= kSmallMisses misses whose LRU keys fit 32 bits (end_bit <= 31), with
 // no sort. The misses (distinct positions) are ranked by counting. The n smallest candidate keys
 // (stamp << kSlotBits | slot, distinct) are: every candidate whose stamp is below s*, the stamp of
@@ -628,7 +668,8 @@ __device__ unsigned assign_slots_small(const ResolveParams& p, int r, uint32_t n
   // s*: the least s in [lo, hi] with count(stamp <= s) >= n (there are >= n candidates: the plan
   // rule); c0 = count(stamp < s*), the count of the last probe that moved lo (0 if none did).
   unsigned c0 = 0;
-  for (int it = 0; lo < hi; ++it) {
+  if (mask_on<Smem>(p)) search_four_way(key, n, lo, hi, c0, sm);
+  for (int it = 0; lo < hi; ++it) {  // the default's binary search (slot-mask mode: lo == hi already)
     const uint32_t mid = lo + (hi - lo) / 2;
     unsigned c = 0;
 #pragma unroll
