@@ -168,8 +168,8 @@ struct ResolveParams {
   int early;                    // 1: the copy blocks read their own entries (copy_early); no job list is
                                 // written and a step with misses raises the flags right before its first
                                 // map write of a victim assignment (publish_before_assign)
-  int mask;                     // 1: the slot-mask mode (SMLA_HISPARSE_SLOTMASK): hits mark sm.need instead of
-                                // exchanging their stamps; stamp_marked / the small path write them afterwards
+  int mask;                     // 1: the slot-mask mode (SMLA_HISPARSE_SLOTMASK): hits mark the slot mask (MaskSmem)
+                                // instead of exchanging their stamps; marked_store / the small path write them later
 };
 
 using Scan = cub::BlockScan<int, kThreads>;
@@ -201,7 +201,6 @@ struct ResolveSmem {
   // The small-step victim choice (assign_slots_small): per-warp counts (two buffers), the chosen
   // candidate keys, and the slot of each rank.
   alignas(16) unsigned warp_count[2][kThreads / 32];  // read 4 at a time
-  alignas(16) unsigned warp_count3[2][3][kThreads / 32];  // slot-mask mode: three thresholds per round
   uint32_t warp_min[kThreads / 32], warp_max[kThreads / 32];  // the candidates' stamp range per warp
   int num_sel;
   alignas(16) uint32_t sel[kSmallMisses];  // 16-byte aligned: rank_of reads it 4 at a time
@@ -213,13 +212,28 @@ struct ResolveSmem {
   // assign_slots_small: each candidate slot's position (slot_pos), loaded beside its stamp, so the
   // victims' old positions need no round trip after the choice.
   int32_t slot_old[kKeys];
-  // Slot-mask mode (p.mask): 1 for each slot a hit of this step holds (zeroed at the block's start),
-  // and the small path's candidate keys, written in the striped order of their coalesced loads and
-  // read back blocked (tiered::padded_index: no bank conflicts either way).
-  alignas(16) uint8_t need[kMaskable ? kKeys : 16];
-  uint32_t keyx[kMaskable ? kKeys + kKeys / 32 : 1];
 };
 static_assert(sizeof(ResolveSmem<kItemsLarge>) <= 227 * 1024);
+
+// The slot-mask mode's shared memory, right after ResolveSmem in the dynamic shared memory of a
+// launch in that mode (mask_smem), so that a default launch asks for what it did before: 1 for each
+// slot a hit of this step holds (zeroed at the block's start), the small path's candidate keys,
+// written in the striped order of their coalesced loads and read back blocked (tiered::padded_index:
+// no bank conflicts either way), and the per-warp counts of the search's three thresholds (two buffers).
+template <int kItems_>
+struct MaskSmem {
+  static constexpr int kKeys = kThreads * kItems_;
+  alignas(16) uint8_t need[kKeys];
+  alignas(16) uint32_t keyx[kKeys + kKeys / 32];
+  alignas(16) unsigned warp_count3[2][3][kThreads / 32];  // read 4 at a time
+};
+static_assert(sizeof(ResolveSmem<kItemsSmall>) % 16 == 0, "MaskSmem follows ResolveSmem 16-byte aligned");
+static_assert(sizeof(ResolveSmem<kItemsSmall>) + sizeof(MaskSmem<kItemsSmall>) <= 227 * 1024);
+
+template <class Smem>
+__device__ __forceinline__ MaskSmem<Smem::kItems>& mask_smem(Smem& sm) {
+  return *reinterpret_cast<MaskSmem<Smem::kItems>*>(reinterpret_cast<unsigned char*>(&sm) + sizeof(Smem));
+}
 
 // Whether this kernel runs the slot-mask mode (ResolveSmem::kMaskable and SMLA_HISPARSE_SLOTMASK).
 template <class Smem>
@@ -369,7 +383,7 @@ __device__ void classify_entries(const ResolveParams& p, int r, int32_t len, uin
       for (int u = 0; u < kIlp; ++u) pool_row[u] = kind[u] == kOld ? int32_t(pool_row_of(p, r, pos[u])) : -1;
       // The hits' stamp exchanges go out together (one round trip, not kIlp); a position already
       // stamped `now` by another entry of this step is not counted again. Slot-mask mode: the hit
-      // marks its slot in sm.need instead (duplicates store the same 1); stamp_marked or the small
+      // marks its slot in the slot mask instead (duplicates store the same 1); marked_store or the small
       // victim choice stamps and counts the marked slots later.
       uint32_t old[kIlp];
 #pragma unroll
@@ -377,7 +391,7 @@ __device__ void classify_entries(const ResolveParams& p, int r, int32_t len, uin
       if (mask_on<Smem>(p)) {
 #pragma unroll
         for (int u = 0; u < kIlp; ++u)
-          if (slot[u] >= 0 && slot[u] < p.R - 1) sm.need[slot[u]] = 1;
+          if (slot[u] >= 0 && slot[u] < p.R - 1) mask_smem(sm).need[slot[u]] = 1;
       } else {
 #pragma unroll
         for (int u = 0; u < kIlp; ++u)
@@ -564,7 +578,7 @@ __device__ __forceinline__ void search_four_way(const uint32_t (&key)[kItems], i
     for (int j = 0; j < 3; ++j) c[j] = __reduce_add_sync(0xffffffffu, c[j]);
     if (lane == 0) {
 #pragma unroll
-      for (int j = 0; j < 3; ++j) sm.warp_count3[round & 1][j][warp] = c[j];
+      for (int j = 0; j < 3; ++j) mask_smem(sm).warp_count3[round & 1][j][warp] = c[j];
     }
     __syncthreads();  // two buffers: a warp rewrites this one only after the next barrier
     unsigned total[3] = {0u, 0u, 0u};
@@ -572,7 +586,7 @@ __device__ __forceinline__ void search_four_way(const uint32_t (&key)[kItems], i
     for (int j = 0; j < 3; ++j)
 #pragma unroll
       for (int w = 0; w < kThreads / 32; w += 4) {
-        const uint4 v = *reinterpret_cast<const uint4*>(&sm.warp_count3[round & 1][j][w]);
+        const uint4 v = *reinterpret_cast<const uint4*>(&mask_smem(sm).warp_count3[round & 1][j][w]);
         total[j] += v.x + v.y + v.z + v.w;
       }
     tiered::search_round(lo, hi, c0, th, total, unsigned(n));
@@ -591,10 +605,10 @@ __device__ __forceinline__ void search_four_way(const uint32_t (&key)[kItems], i
 // slots and stamps.
 //
 // Slot-mask mode (p.mask): the stamps and slot positions are loaded striped (slot k * kThreads + t,
-// coalesced; the blocked order costs 9 lines per warp load), a slot marked in sm.need is no
+// coalesced; the blocked order costs 9 lines per warp load), a slot marked in the slot mask is no
 // candidate, and a marked slot's stamp is written `now` in the same loop and counted as a hit when
 // its old stamp was not `now` (the return value: this thread's share of the hits). The keys reach the
-// blocked order through sm.keyx at the barrier that follows the warp min / max. The keys below s*
+// blocked order through MaskSmem::keyx at the barrier that follows the warp min / max. The keys below s*
 // are numbered by the block scan that numbers those at s* (tiered::scan_flags), not collected by
 // shared atomics. The same pairs either way.
 template <class Smem>
@@ -623,13 +637,13 @@ __device__ unsigned assign_slots_small(const ResolveParams& p, int r, uint32_t n
 #pragma unroll
     for (int k = 0; k < kItems; ++k) {
       const int sl = k * kThreads + t;
-      const bool marked = sl < p.R - 1 && sm.need[sl] != 0;
+      const bool marked = sl < p.R - 1 && mask_smem(sm).need[sl] != 0;
       const uint32_t kk = sl < p.R - 1 ? tiered::victim_key(st[k], sl, now, marked) : kNone;
       if (marked) {
         marked_hits += st[k] != now;
         stamps[sl] = now;
       }
-      sm.keyx[tiered::padded_index(sl)] = kk;
+      mask_smem(sm).keyx[tiered::padded_index(sl)] = kk;
       if (kk != kNone) smin = min(smin, kk >> kSlotBits), smax = max(smax, kk >> kSlotBits);
     }
   } else {
@@ -657,10 +671,10 @@ __device__ unsigned assign_slots_small(const ResolveParams& p, int r, uint32_t n
     const int rank = rank_of(sm.miss, n, q);
     sm.sorted_miss[rank] = q;
   }
-  __syncthreads();  // warp_min / warp_max (and sm.keyx); sm.miss is read no more (the scan below reuses it)
+  __syncthreads();  // warp_min / warp_max (and keyx); sm.miss is read no more (the scan below reuses it)
   if (mask_on<Smem>(p)) {
 #pragma unroll
-    for (int k = 0; k < kItems; ++k) key[k] = sm.keyx[tiered::padded_index(t * kItems + k)];
+    for (int k = 0; k < kItems; ++k) key[k] = mask_smem(sm).keyx[tiered::padded_index(t * kItems + k)];
   }
   uint32_t lo = kNone, hi = 0;
 #pragma unroll
@@ -711,30 +725,30 @@ __device__ unsigned assign_slots_small(const ResolveParams& p, int r, uint32_t n
   return marked_hits;
 }
 
-// Slot-mask mode: the stamps of the slots this step's hits marked in sm.need become `now`, in slot
+// Slot-mask mode: the stamps of the slots this step's hits marked in the slot mask become `now`, in slot
 // order (thread t takes slots k * kThreads + t: coalesced, masked). marked_load reads their old
 // stamps (issued early, so that their round trip runs under other work), marked_store writes `now`
 // and returns this thread's share of the hits: marked slots whose old stamp was not `now`, the
 // count the default's atomicExch results give (and the reference's).
 template <class Smem>
-__device__ __forceinline__ void marked_load(const ResolveParams& p, int r, uint32_t now, const Smem& sm,
+__device__ __forceinline__ void marked_load(const ResolveParams& p, int r, uint32_t now, Smem& sm,
                                             uint32_t (&old)[Smem::kItems]) {
   const uint32_t* stamps = p.stamps + int64_t(r) * p.R;
 #pragma unroll
   for (int k = 0; k < Smem::kItems; ++k) {
     const int sl = k * kThreads + int(threadIdx.x);
-    old[k] = sl < p.R - 1 && sm.need[sl] != 0 ? __ldcg(stamps + sl) : now;
+    old[k] = sl < p.R - 1 && mask_smem(sm).need[sl] != 0 ? __ldcg(stamps + sl) : now;
   }
 }
 template <class Smem>
-__device__ __forceinline__ unsigned marked_store(const ResolveParams& p, int r, uint32_t now, const Smem& sm,
+__device__ __forceinline__ unsigned marked_store(const ResolveParams& p, int r, uint32_t now, Smem& sm,
                                                  const uint32_t (&old)[Smem::kItems]) {
   uint32_t* stamps = p.stamps + int64_t(r) * p.R;
   unsigned hits = 0;
 #pragma unroll
   for (int k = 0; k < Smem::kItems; ++k) {
     const int sl = k * kThreads + int(threadIdx.x);
-    if (sl < p.R - 1 && sm.need[sl] != 0) {
+    if (sl < p.R - 1 && mask_smem(sm).need[sl] != 0) {
       hits += old[k] != now;
       stamps[sl] = now;
     }
@@ -947,8 +961,8 @@ __device__ __forceinline__ void resolve_body(const ResolveParams& p) {
     load_pass(p.positions + int64_t(r) * p.pos_stride_t, int(threadIdx.x) * kIlp, p.topk, pre);
   }
   if (mask_on<Smem>(p)) {  // the slot mask starts empty (collect_tokens' barriers order these stores before any mark)
-    static_assert(Smem::kKeys % 4 == 0, "sm.need is zeroed 4 bytes at a time");
-    for (int i = int(threadIdx.x); i < Smem::kKeys / 4; i += kThreads) reinterpret_cast<uint32_t*>(sm.need)[i] = 0u;
+    static_assert(Smem::kKeys % 4 == 0, "the slot mask is zeroed 4 bytes at a time");
+    for (int i = int(threadIdx.x); i < Smem::kKeys / 4; i += kThreads) reinterpret_cast<uint32_t*>(mask_smem(sm).need)[i] = 0u;
   }
   collect_tokens(p, r, sm, len);
   phase_stamp(p.phase, kPhTokens);
@@ -1476,10 +1490,11 @@ void resolve_tiered(const TieredCache& cache, const TieredResolveParams& p, void
 
   // The attribute is set on every call: it belongs to the current device, and the call is cheap.
   if (c.hot_slots <= kThreads * kItemsSmall) {
-    constexpr int kSmem = int(sizeof(ResolveSmem<kItemsSmall>));
-    check_cuda(cudaFuncSetAttribute(resolve_kernel_9, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
+    // The slot-mask mode's MaskSmem follows ResolveSmem; a default launch asks for ResolveSmem alone.
+    const int smem = int(sizeof(ResolveSmem<kItemsSmall>)) + (k.mask ? int(sizeof(MaskSmem<kItemsSmall>)) : 0);
+    check_cuda(cudaFuncSetAttribute(resolve_kernel_9, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
                "resolve_kernel shared-memory attribute");
-    resolve_kernel_9<<<grid, kThreads, kSmem, st>>>(k);
+    resolve_kernel_9<<<grid, kThreads, smem, st>>>(k);
   } else {
     constexpr int kSmem = int(sizeof(ResolveSmem<kItemsLarge>));
     check_cuda(cudaFuncSetAttribute(resolve_kernel_16, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
