@@ -296,7 +296,7 @@ int bench_hisparse(const Args& a) {
             uint64_t got[16];
             ck(cudaMemcpyAsync(got, ph.p, sizeof got, cudaMemcpyDeviceToHost, s), "phase buffer");
             ck(cudaStreamSynchronize(s), "phase step");
-            for (int i = 1; i < 13; ++i)
+            for (int i = 1; i < 14; ++i)
               if (got[i] != 0 && got[i] != ~uint64_t(0)) d[size_t(i)].push_back(double(int64_t(got[i] - got[0])) * 1e-3);
           }
           cuda::set_tiered_phase_buffer_for_testing(nullptr);
@@ -307,7 +307,7 @@ int bench_hisparse(const Args& a) {
             return std::string(b);
           };
           phase_line = "  phases (us after the resolver's start, median of " + std::to_string(reps) +
-                       " single steps): resolver tokens " + f(1) + ", classified " + f(2) + ", searched " + f(6) +
+                       " single steps): resolver tokens " + f(1) + ", classified " + f(2) + ", keys " + f(13) + ", searched " + f(6) +
                        ", ranked " + f(7) + ", assigned " + f(3) + ", ids " + f(4) + ", end " + f(5) +
                        " | copy blocks: first start " + f(8) + ", last loads issued " + f(9) + ", last flag " + f(10) +
                        ", last wait passed " + f(11) + ", last end " + f(12);

@@ -282,7 +282,8 @@ __device__ __forceinline__ int32_t ld_acquire(const int32_t* p) {
 // earliest start; 9-12: the latest of each event).
 enum Phase {
   kPhStart = 0, kPhTokens = 1, kPhClassified = 2, kPhAssigned = 3, kPhIds = 4, kPhEnd = 5, kPhSearched = 6,
-  kPhRanked = 7, kPhCopyStart = 8, kPhCopyLoads = 9, kPhCopyFlag = 10, kPhCopyWait = 11, kPhCopyEnd = 12
+  kPhRanked = 7, kPhCopyStart = 8, kPhCopyLoads = 9, kPhCopyFlag = 10, kPhCopyWait = 11, kPhCopyEnd = 12,
+  kPhKeys = 13  // the small path's candidate keys loaded (and, slot-mask mode, transposed): before the search
 };
 __device__ __forceinline__ void phase_stamp(uint64_t* ph, int slot) {
   if (ph != nullptr && blockIdx.x == 0 && threadIdx.x == 0) ph[slot] = ptx::globaltimer();
@@ -415,19 +416,45 @@ __device__ void classify_entries(const ResolveParams& p, int r, int32_t len, uin
       // The claimed positions join sm.miss (at most R - 1 distinct ones: the plan rule), one shared
       // atomic per warp and entry index (every thread of the block runs this loop).
       const int lane = int(threadIdx.x) & 31;
+      if (mask_on<Smem>(p)) {
+        // Slot-mask mode: one shared atomic per warp and pass for all kIlp entry indices (the
+        // default's kIlp each wait for the previous one's result on one contended word).
+        unsigned m[kIlp];
+        int total = 0;
 #pragma unroll
-      for (int u = 0; u < kIlp; ++u) {
-        const unsigned m = __ballot_sync(0xffffffffu, claimed[u]);
-        if (m == 0) continue;
-        int at = 0;
-        if (lane == __ffs(m) - 1) at = atomicAdd(&sm.num_miss, __popc(m));
-        at = __shfl_sync(0xffffffffu, at, __ffs(m) - 1);
-        if (claimed[u]) {
-          const int idx = at + __popc(m & ((1u << lane) - 1));
-          sm.miss[idx] = pos[u];
-          if (!p.early) {  // the copy blocks start on these before the victims are known
-            jobs[idx] = CopyJob{prow[u], pos[u]};
-            wrote_jobs = true;
+        for (int u = 0; u < kIlp; ++u) m[u] = __ballot_sync(0xffffffffu, claimed[u]), total += __popc(m[u]);
+        if (total != 0) {  // warp-uniform
+          int at = 0;
+          if (lane == 0) at = atomicAdd(&sm.num_miss, total);
+          at = __shfl_sync(0xffffffffu, at, 0);
+#pragma unroll
+          for (int u = 0; u < kIlp; ++u) {
+            if (claimed[u]) {
+              const int idx = at + __popc(m[u] & ((1u << lane) - 1));
+              sm.miss[idx] = pos[u];
+              if (!p.early) {
+                jobs[idx] = CopyJob{prow[u], pos[u]};
+                wrote_jobs = true;
+              }
+            }
+            at += __popc(m[u]);
+          }
+        }
+      } else {
+#pragma unroll
+        for (int u = 0; u < kIlp; ++u) {
+          const unsigned m = __ballot_sync(0xffffffffu, claimed[u]);
+          if (m == 0) continue;
+          int at = 0;
+          if (lane == __ffs(m) - 1) at = atomicAdd(&sm.num_miss, __popc(m));
+          at = __shfl_sync(0xffffffffu, at, __ffs(m) - 1);
+          if (claimed[u]) {
+            const int idx = at + __popc(m & ((1u << lane) - 1));
+            sm.miss[idx] = pos[u];
+            if (!p.early) {  // the copy blocks start on these before the victims are known
+              jobs[idx] = CopyJob{prow[u], pos[u]};
+              wrote_jobs = true;
+            }
           }
         }
       }
@@ -676,6 +703,7 @@ __device__ unsigned assign_slots_small(const ResolveParams& p, int r, uint32_t n
 #pragma unroll
     for (int k = 0; k < kItems; ++k) key[k] = mask_smem(sm).keyx[tiered::padded_index(t * kItems + k)];
   }
+  phase_stamp(p.phase, kPhKeys);
   uint32_t lo = kNone, hi = 0;
 #pragma unroll
   for (int w = 0; w < kThreads / 32; ++w) lo = min(lo, sm.warp_min[w]), hi = max(hi, sm.warp_max[w]);
