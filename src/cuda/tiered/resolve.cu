@@ -53,6 +53,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cstdlib>
 #include <string>
@@ -1519,8 +1520,14 @@ void resolve_tiered(const TieredCache& cache, const TieredResolveParams& p, void
   // The attribute is set on every call: it belongs to the current device, and the call is cheap.
   if (c.hot_slots <= kThreads * kItemsSmall) {
     // The slot-mask mode's MaskSmem follows ResolveSmem; a default launch asks for ResolveSmem alone.
+    // The attribute never shrinks within a process (a graph captured in the mode, replayed after a
+    // default call, keeps its launch legal); a process that never turns the mode on sets what it did.
+    static std::atomic<int> attr_max{0};
     const int smem = int(sizeof(ResolveSmem<kItemsSmall>)) + (k.mask ? int(sizeof(MaskSmem<kItemsSmall>)) : 0);
-    check_cuda(cudaFuncSetAttribute(resolve_kernel_9, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+    int attr = attr_max.load();
+    while (attr < smem && !attr_max.compare_exchange_weak(attr, smem)) {
+    }
+    check_cuda(cudaFuncSetAttribute(resolve_kernel_9, cudaFuncAttributeMaxDynamicSharedMemorySize, std::max(attr, smem)),
                "resolve_kernel shared-memory attribute");
     resolve_kernel_9<<<grid, kThreads, smem, st>>>(k);
   } else {
