@@ -991,7 +991,8 @@ __device__ __forceinline__ void resolve_body(const ResolveParams& p) {
   }
   if (mask_on<Smem>(p)) {  // the slot mask starts empty (collect_tokens' barriers order these stores before any mark)
     static_assert(Smem::kKeys % 4 == 0, "the slot mask is zeroed 4 bytes at a time");
-    for (int i = int(threadIdx.x); i < Smem::kKeys / 4; i += kThreads) reinterpret_cast<uint32_t*>(mask_smem(sm).need)[i] = 0u;
+    uint32_t* words = reinterpret_cast<uint32_t*>(mask_smem(sm).need);
+    for (int i = int(threadIdx.x); i < Smem::kKeys / 4; i += kThreads) words[i] = 0u;
   }
   collect_tokens(p, r, sm, len);
   phase_stamp(p.phase, kPhTokens);

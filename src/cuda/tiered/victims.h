@@ -119,7 +119,8 @@ inline bool select_victims_small_model(const uint32_t* stamps, const uint8_t* ne
   uint32_t lo = kNoKey, hi = 0;
   for (int sl = 0; sl < R - 1; ++sl) {
     key[size_t(sl)] = victim_key(stamps[sl], sl, now, needed[sl] != 0);
-    if (key[size_t(sl)] != kNoKey) lo = std::min(lo, key_stamp(key[size_t(sl)])), hi = std::max(hi, key_stamp(key[size_t(sl)]));
+    if (key[size_t(sl)] == kNoKey) continue;
+    lo = std::min(lo, key_stamp(key[size_t(sl)])), hi = std::max(hi, key_stamp(key[size_t(sl)]));
   }
   if (lo == kNoKey) return false;  // no candidate at all
   unsigned c0 = 0;
