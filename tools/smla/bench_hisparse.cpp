@@ -160,8 +160,10 @@ int bench_hisparse(const Args& a) {
   constexpr int kBlock = 64;
   const int max_blocks = int((L + kBlock - 1) / kBlock);
 
-  // The same-binary A/B switches (each read once per process; unset = on): the attention as a
-  // programmatic dependent launch of the copy kernel, and the copy blocks' own reads.
+  // The same-binary A/B switches (each read once per process): the attention as a programmatic
+  // dependent launch of the copy kernel (on only when "1"), the copy blocks' own reads and the copy
+  // kernel's early trigger (on unless "0"), and the resolver's slot-mask mode (SMLA_HISPARSE_SLOTMASK,
+  // on only when "1"; R <= 4608 only).
   auto env_on = [](const char* name) {  // SMLA_HISPARSE_*: on unless "0"
     const char* v = std::getenv(name);
     return v == nullptr || std::string(v) != "0";
@@ -171,10 +173,11 @@ int bench_hisparse(const Args& a) {
     return v != nullptr && std::string(v) == "1";
   };
   std::printf("smla bench --hisparse on %s (%d SMs): K = %d, H = %d, context %lld tokens per request, %d timed steps "
-              "per case%s; SMLA_ATTN_PDL=%d SMLA_HISPARSE_EARLY=%d SMLA_HISPARSE_TRIGGER=%d\n",
+              "per case%s; SMLA_ATTN_PDL=%d SMLA_HISPARSE_EARLY=%d SMLA_HISPARSE_TRIGGER=%d SMLA_HISPARSE_SLOTMASK=%d\n",
               dev.name.c_str(), dev.num_sms, K, H, (long long)L, reps,
               late_copy ? "; --late-copy: host reads start after the resolver's end" : "", env_one("SMLA_ATTN_PDL") ? 1 : 0,
-              env_on("SMLA_HISPARSE_EARLY") ? 1 : 0, env_on("SMLA_HISPARSE_TRIGGER") ? 1 : 0);
+              env_on("SMLA_HISPARSE_EARLY") ? 1 : 0, env_on("SMLA_HISPARSE_TRIGGER") ? 1 : 0,
+              cuda::tiered_slot_mask_on() ? 1 : 0);
   std::vector<std::string> json;
   for (KvFormat fmt : fmts) {
     const int rb = row_bytes(fmt, kRopeDim);
@@ -293,7 +296,7 @@ int bench_hisparse(const Args& a) {
             uint64_t got[16];
             ck(cudaMemcpyAsync(got, ph.p, sizeof got, cudaMemcpyDeviceToHost, s), "phase buffer");
             ck(cudaStreamSynchronize(s), "phase step");
-            for (int i = 1; i < 13; ++i)
+            for (int i = 1; i < 14; ++i)
               if (got[i] != 0 && got[i] != ~uint64_t(0)) d[size_t(i)].push_back(double(int64_t(got[i] - got[0])) * 1e-3);
           }
           cuda::set_tiered_phase_buffer_for_testing(nullptr);
@@ -304,7 +307,7 @@ int bench_hisparse(const Args& a) {
             return std::string(b);
           };
           phase_line = "  phases (us after the resolver's start, median of " + std::to_string(reps) +
-                       " single steps): resolver tokens " + f(1) + ", classified " + f(2) + ", searched " + f(6) +
+                       " single steps): resolver tokens " + f(1) + ", classified " + f(2) + ", keys " + f(13) + ", searched " + f(6) +
                        ", ranked " + f(7) + ", assigned " + f(3) + ", ids " + f(4) + ", end " + f(5) +
                        " | copy blocks: first start " + f(8) + ", last loads issued " + f(9) + ", last flag " + f(10) +
                        ", last wait passed " + f(11) + ", last end " + f(12);
@@ -347,9 +350,9 @@ int bench_hisparse(const Args& a) {
                       "  {\"format\": \"%s\", \"B\": %lld, \"K\": %d, \"H\": %d, \"reuse_pct\": %lld, \"step_ms\": %.5f, "
                       "\"resident_ms\": %.5f, \"resolve_ms\": %.5f, \"gather_ms\": %.5f, \"misses_per_step\": %.1f, \"bytes_per_step\": %.0f, "
                       "\"miss_gbps\": %.3f, \"pinned_h2d_gbps\": %.3f, \"resolve_over_gather\": %.4f, "
-                      "\"step_over_resident\": %.4f}",
+                      "\"step_over_resident\": %.4f, \"slot_mask\": %d}",
                       std::string(to_string(fmt)).c_str(), B, K, H, reuse, t_step, t_resident, t_resolve, t_gather, misses,
-                      bytes, gbps, h2d, vs_gather, t_step / t_resident);
+                      bytes, gbps, h2d, vs_gather, t_step / t_resident, cuda::tiered_slot_mask_on() ? 1 : 0);
         json.push_back(js);
       }
     }

@@ -29,5 +29,10 @@ void set_tiered_early_read_for_testing(int mode);
 // resolve_tiered calls fill with %globaltimer stamps (resolve.cu's Phase; null: none). The caller
 // zeroes it (slot 8, the earliest copy block's start, to all ones) before each step.
 void set_tiered_phase_buffer_for_testing(uint64_t* stamps);
+// Tests only: the slot-mask mode (SMLA_HISPARSE_SLOTMASK, s12) for the following resolve_tiered calls
+// in this process: 0 = as the variable says (on only when "1"), 1 = off, 2 = on. Results are the
+// same either way. tiered_slot_mask_on says which the next call takes (the benchmark prints it).
+void set_tiered_slot_mask_for_testing(int mode);
+bool tiered_slot_mask_on();
 
 }  // namespace smla::cuda
