@@ -73,7 +73,7 @@ struct SwabConfig {
   struct SharedStorage {
     alignas(1024) uint8_t q[9][kOperandBytes];     // Q^T: chunk c (dims 64c.., 8 = RoPE) of kN heads, permuted
     alignas(1024) uint8_t p[2][4][kOperandBytes];  // [consumer][latent tile j] P^T * scale_j * 2^56
-    alignas(128) uint8_t kv[kStages][kStageBytes];  // raw rows; at the end consumer 1's O for the merge
+    alignas(128) uint8_t kv[kStages][kStageBytes];  // raw rows; at the end consumer 1's O in its stages
     uint64_t valid[kStages][4];                     // [stage][producer warp] bit i: slot i holds a row
     float qfac[kN];                                 // scale_log2 * 2^(120 - e_h)
     float red_m[2][2][4][kN];                       // [consumer][tile parity][warp][head] partial max
@@ -84,7 +84,13 @@ struct SwabConfig {
   };
   static constexpr size_t kSmemBytes = sizeof(SharedStorage);
   static_assert(kSmemBytes <= kSmemLimit, "swap-AB kernel: shared memory over 227 KiB");
-  static_assert(kStages * kStageBytes >= 512 * kN * 4, "consumer 1's O must fit the stages for the merge");
+  // Consumer 1's O^T for the merge (512 x kN fp32) goes into its own stages (the odd ones: tile i uses
+  // stage i % kStages, consumer i % 2), by latent half: both halves in stage 1 when a stage holds them
+  // (fp8_ds_mla 42 KiB, fp8_e4m3 38 KiB), else half h in stage 1 + 2 h (nvfp4_ds_mla: 22 KiB stages).
+  static constexpr int kObHalfBytes = 256 * kN * 4;
+  static constexpr bool kObOneStage = kStageBytes >= 2 * kObHalfBytes;
+  static_assert(kObOneStage || (kStageBytes >= kObHalfBytes && kStages >= 4),
+                "consumer 1's O must fit its own stages for the merge");
   static_assert((kConsumerRegs - 168) * 2 <= 168 - kProducerRegs, "consumer registers exceed what the producer releases");
 };
 
@@ -724,14 +730,19 @@ struct SwabConsumer {
         if (g == 0) s.red_l[c][warp][8 * i + 2 * t + e] = l;
         if (c == 1 && warp == 0 && g == 0) s.fin_m[8 * i + 2 * t + e] = m_run[i][e];
       }
-    // Consumer 1's O^T to the (now idle: every tile's rows have landed and been read) stages.
+    // Consumer 1's O^T to its own stages (now idle: every one of its tiles' rows has landed and been
+    // read by it), so no warpgroup writes what the other read (docs/perf-history.md#s12-swapab-diet).
     bar_sync(Bar::kConsumers, kConsumerThreads);
-    float* ob = reinterpret_cast<float*>(s.kv);
+    // ob(mt)[i * 128 + wt]: m-tile mt's register i; m-tiles 0-3 and 4-7 in the two halves
+    auto ob = [&](int mt) {
+      uint8_t* half = Cfg::kObOneStage ? s.kv[1] + (mt >> 2) * Cfg::kObHalfBytes : s.kv[1 + 2 * (mt >> 2)];
+      return reinterpret_cast<float*>(half) + (mt & 3) * kNH * 128;
+    };
     if (c == 1) {
 #pragma unroll
       for (int mt = 0; mt < 8; ++mt)
 #pragma unroll
-        for (int i = 0; i < kNH; ++i) ob[(mt * kNH + i) * 128 + wt] = o[mt][i];
+        for (int i = 0; i < kNH; ++i) ob(mt)[i * 128 + wt] = o[mt][i];
     }
     bar_sync(Bar::kConsumers, kConsumerThreads);
     if (c == 1) return;
@@ -758,7 +769,7 @@ struct SwabConsumer {
 #pragma unroll
           for (int k = 0; k < 2; ++k) {
             const int idx = 4 * i + 2 * k + e;
-            o[mt][idx] = (o[mt][idx] * fa + ob[(mt * kNH + idx) * 128 + wt] * fb) * sc;
+            o[mt][idx] = (o[mt][idx] * fa + ob(mt)[idx * 128 + wt] * fb) * sc;
           }
         lse[i][e] = l > 0.0f ? (m + log2f(l)) * kLn2 : -INFINITY;
       }
