@@ -844,7 +844,11 @@ __global__ void __launch_bounds__(SwabConfig<kN, kF>::kThreads, 1) sparse_mla_sw
   swab_load_q<kN, kF>(p, s, w, threadIdx.x);
   ptx::fence_proxy_async_smem();
   bar_sync(Bar::kConsumers, kConsumerThreads);
-  SwabConsumer<kN, kDiag, kF, kEarly>::run(p, s, w, wg, wt);
+  // The consumer index from a shuffle of lane 0's: the compiler then knows it is warp-uniform and keeps
+  // what derives from it (the P^T descriptors of P V) in uniform registers, not one R2UR pair per wgmma
+  // (docs/perf-history.md#s12-swapab-diet).
+  const int c = __shfl_sync(0xffffffffu, wg, 0);
+  SwabConsumer<kN, kDiag, kF, kEarly>::run(p, s, w, c, wt);
 }
 
 template <int kN, int kDiag, KvFormat kF, bool kEarly = false>
