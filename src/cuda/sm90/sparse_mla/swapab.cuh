@@ -72,7 +72,7 @@ struct SwabConfig {
   static constexpr int kOperandBytes = kN * 128;  // one (kN heads x 64 k) bf16 swizzled B operand
   struct SharedStorage {
     alignas(1024) uint8_t q[9][kOperandBytes];     // Q^T: chunk c (dims 64c.., 8 = RoPE) of kN heads, permuted
-    alignas(1024) uint8_t p[2][4][kOperandBytes];  // [consumer][latent tile j] P^T * scale_j * 2^56
+    alignas(1024) uint8_t p[2][4][kOperandBytes];  // [consumer][latent tile j] P^T * scale_j * 2^56 (only j = 0 without row scales)
     alignas(128) uint8_t kv[kStages][kStageBytes];  // raw rows; at the end consumer 1's O in its stages
     uint64_t valid[kStages][4];                     // [stage][producer warp] bit i: slot i holds a row
     float qfac[kN];                                 // scale_log2 * 2^(120 - e_h)
@@ -336,6 +336,14 @@ struct SwabConsumer {
   using Smem = typename Cfg::SharedStorage;
   static constexpr int kNH = kN / 2;  // accumulator registers of an m64nN product
   static constexpr int kNB = kN / 8;  // n8 blocks (heads 8i .. 8i + 7)
+  // P^T matrices per tile: fp8_ds_mla one per 128-dim latent tile j (P^T times the rows' scale of j);
+  // fp8_e4m3 and nvfp4_ds_mla have no row scale in P^T, so the four would be identical: one, which
+  // every m-tile's P V reads (docs/perf-history.md#s12-swapab-diet).
+  static constexpr int kPTiles = kDs ? 4 : 1;
+  // the P^T descriptor offset (16-byte units) of m-tile mt's P^T
+  __device__ __forceinline__ static constexpr uint32_t p_tile(int mt) {
+    return kPTiles == 4 ? uint32_t(mt >> 1) * uint32_t(Cfg::kOperandBytes >> 4) : 0u;
+  }
 
   // S^T of the tile in stage `kv`: x[r][i][e] for rows m = 16 w + g + 8 r, heads 8 i + 2 t + e:
   // sum_j scale_j(row) * chain_j + 2^-120 * rope chain (= 2^(e_h - 120) * q.k).
@@ -511,12 +519,11 @@ struct SwabConsumer {
   __device__ __forceinline__ static void pv(uint32_t kv, uint32_t p_base, int w, int g, int t, uint32_t empty,
                                             float (&o)[8][kNH]) {
     uint32_t a[2][8][4];  // two A register sets: k-step ks + 1 is converted while ks runs
-    constexpr uint32_t kOp = uint32_t(Cfg::kOperandBytes >> 4);
     const uint64_t pd = ptx::sw128_desc(p_base, 16, 1024);
     auto issue = [&](int ks, uint32_t(&ak)[8][4]) {
       ptx::wgmma_fence();
 #pragma unroll
-      for (int mt = 0; mt < 8; ++mt) swab::wgmma_rs16(o[mt], ak[mt], pd + (mt >> 1) * kOp + uint32_t(2 * ks), 1);
+      for (int mt = 0; mt < 8; ++mt) swab::wgmma_rs16(o[mt], ak[mt], pd + p_tile(mt) + uint32_t(2 * ks), 1);
       ptx::wgmma_commit();
     };
 #pragma unroll
@@ -566,7 +573,6 @@ struct SwabConsumer {
   // kEarly: pv() from the words in registers (the stage was released after S); the same wgmma order.
   __device__ __forceinline__ static void pv_words(const uint32_t (&vw)[4][4][4], uint32_t p_base, float (&o)[8][kNH]) {
     uint32_t a[2][8][4];
-    constexpr uint32_t kOp = uint32_t(Cfg::kOperandBytes >> 4);
     const uint64_t pd = ptx::sw128_desc(p_base, 16, 1024);
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks) {
@@ -577,7 +583,7 @@ struct SwabConsumer {
       pv_convert_words(vw[ks], a[ks & 1]);
       ptx::wgmma_fence();
 #pragma unroll
-      for (int mt = 0; mt < 8; ++mt) swab::wgmma_rs16(o[mt], a[ks & 1][mt], pd + (mt >> 1) * kOp + uint32_t(2 * ks), 1);
+      for (int mt = 0; mt < 8; ++mt) swab::wgmma_rs16(o[mt], a[ks & 1][mt], pd + p_tile(mt) + uint32_t(2 * ks), 1);
       ptx::wgmma_commit();
     }
     ptx::wgmma_wait<0>();
@@ -692,7 +698,7 @@ struct SwabConsumer {
         // lane l addresses row (head) 8 ib + l % 8 of matrix l / 8 = (ib, r); that matrix's 8 k are
         // rows 16 warp + 8 r + 0..7: chunk 2 warp + r of the head's 128 bytes.
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
+        for (int j = 0; j < kPTiles; ++j) {
           const float f0 = v0 ? s0[j] * k2p56 : 0.0f, f1 = v1 ? s1[j] * k2p56 : 0.0f;
           const uint32_t pb = ptx::smem_addr(s.p[c][j]);
 #pragma unroll
