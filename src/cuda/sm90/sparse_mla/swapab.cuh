@@ -350,6 +350,7 @@ struct SwabConsumer {
   __device__ __forceinline__ static void scores(uint32_t kv, uint32_t q_base, int slot0, int slot1, int t, bool rope,
                                                 float (&x)[kNH]) {
     const uint32_t r0 = kv + uint32_t(slot0 * Cfg::kRowStride), r1 = kv + uint32_t(slot1 * Cfg::kRowStride);
+    const uint32_t k0 = r0 + uint32_t(16 * t), k1 = r1 + uint32_t(16 * t);  // lane t's 16 bytes of each chunk
     const uint64_t qd = ptx::sw128_desc(q_base, 16, 1024);
     constexpr uint32_t kChunk = uint32_t(Cfg::kOperandBytes >> 4);
 #pragma unroll
@@ -383,9 +384,9 @@ struct SwabConsumer {
 #pragma unroll
         for (int cc = 0; cc < 2; ++cc) {
           uint32_t u0[4], u1[4];
-          const uint32_t off = uint32_t((2 * j + cc) * 64 + 16 * t);
-          swab::lds128(u0, r0 + off);
-          swab::lds128(u1, r1 + off);
+          const uint32_t off = uint32_t((2 * j + cc) * 64);  // (an immediate: lane t's 16 t is in k0, k1)
+          swab::lds128(u0, k0 + off);
+          swab::lds128(u1, k1 + off);
 #pragma unroll
           for (int k = 0; k < 4; ++k) {
             a[4 * cc + k][0] = swab::e4m3x2_bits<swab::kSelLo>(u0[k], u0[k]);
