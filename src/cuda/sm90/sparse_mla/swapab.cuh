@@ -520,6 +520,10 @@ struct SwabConsumer {
   __device__ __forceinline__ static void pv(uint32_t kv, uint32_t p_base, int w, int g, int t, uint32_t empty,
                                             float (&o)[8][kNH]) {
     uint32_t a[2][8][4];  // two A register sets: k-step ks + 1 is converted while ks runs
+    // (fp8_ds_mla, four P^T: opaque per tile, so the compiler forms the 16 descriptors from it in uniform
+    // registers, one add each, where it would hoist them out of the loop into 32 ordinary registers and
+    // move them to uniform ones per wgmma: docs/perf-history.md#s12-swapab-diet. One P^T: not needed.)
+    if constexpr (kPTiles == 4) asm volatile("" : "+r"(p_base));
     const uint64_t pd = ptx::sw128_desc(p_base, 16, 1024);
     auto issue = [&](int ks, uint32_t(&ak)[8][4]) {
       ptx::wgmma_fence();
@@ -574,6 +578,10 @@ struct SwabConsumer {
   // kEarly: pv() from the words in registers (the stage was released after S); the same wgmma order.
   __device__ __forceinline__ static void pv_words(const uint32_t (&vw)[4][4][4], uint32_t p_base, float (&o)[8][kNH]) {
     uint32_t a[2][8][4];
+    // (fp8_ds_mla, four P^T: opaque per tile, so the compiler forms the 16 descriptors from it in uniform
+    // registers, one add each, where it would hoist them out of the loop into 32 ordinary registers and
+    // move them to uniform ones per wgmma: docs/perf-history.md#s12-swapab-diet. One P^T: not needed.)
+    if constexpr (kPTiles == 4) asm volatile("" : "+r"(p_base));
     const uint64_t pd = ptx::sw128_desc(p_base, 16, 1024);
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks) {
