@@ -340,6 +340,16 @@ struct SwabConsumer {
   // fp8_e4m3 and nvfp4_ds_mla have no row scale in P^T, so the four would be identical: one, which
   // every m-tile's P V reads (docs/perf-history.md#s12-swapab-diet).
   static constexpr int kPTiles = kDs ? 4 : 1;
+  // P V's M axis (latent dims): lane (w, g, t) holds dims dim0(j, w, g) + 2 h + r of m-tile mt = 2 j + h,
+  // fragment row g + 8 r. With four P^T (fp8_ds_mla) an m-tile must stay inside one 128-dim tile j:
+  // dim0 = 128 j + 4 (8 w + g), 4 bytes of a row per tile j (four 4-byte loads a row; nvfp4_ds_mla keeps
+  // this layout too, its block scales in swapab_nvfp4.h). fp8_e4m3 (one P^T): dim0 = 16 (8 w + g) + 4 j,
+  // the lane's 16 bytes of a row contiguous (one 16-byte load a row; conflict-free: 608-byte rows put the
+  // four rows of a quarter-warp 8 banks apart). The same products per (dim, head), in the same k order.
+  static constexpr bool kV16 = kF == KvFormat::kFP8E4M3;
+  __host__ __device__ static constexpr int dim0(int j, int w, int g) {
+    return kV16 ? 16 * (8 * w + g) + 4 * j : 128 * j + 4 * (8 * w + g);
+  }
   // the P^T descriptor offset (16-byte units) of m-tile mt's P^T
   __device__ __forceinline__ static constexpr uint32_t p_tile(int mt) {
     return kPTiles == 4 ? uint32_t(mt >> 1) * uint32_t(Cfg::kOperandBytes >> 4) : 0u;
@@ -469,8 +479,8 @@ struct SwabConsumer {
     }
   }
 
-  // O^T += V^T P^T for the tile in stage `kv`: lane (w, g, t) holds dims 128 j + 4 (8 w + g) + 2 h + r
-  // (m-tile mt = 2 j + h, fragment row g + 8 r) and reads 4 bytes of each of its 16 rows per tile j.
+  // O^T += V^T P^T for the tile in stage `kv`: lane (w, g, t) holds dims dim0(j, w, g) + 2 h + r
+  // (m-tile mt = 2 j + h, fragment row g + 8 r) and reads 4 bytes of each of its 16 rows per j.
   // Arrives on `empty` once its last load is done (A lives in registers).
   // (Masked rows' stale bytes are converted too: the bit moves never make NaN or inf, and their P is 0.)
   __device__ __forceinline__ static void pv_convert(uint32_t kv, int w, int g, int t, int ks, uint32_t (&a)[8][4]) {
@@ -495,14 +505,18 @@ struct SwabConsumer {
       }
       return;
     }
-    const uint32_t col = uint32_t(4 * (8 * w + g));
-    uint32_t wd[4][4];  // [k column 2t, 2t+1, 2t+8, 2t+9][tile j]
+    const uint32_t col = uint32_t(dim0(0, w, g));
+    uint32_t wd[4][4];  // [k column 2t, 2t+1, 2t+8, 2t+9][j]
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
       const int m = 16 * ks + 2 * t + (c & 1) + 8 * (c >> 1);
       const uint32_t row = kv + uint32_t(swab::slot_of(m) * Cfg::kRowStride) + col;
+      if constexpr (kV16) {
+        swab::lds128(wd[c], row);
+      } else {
 #pragma unroll
-      for (int j = 0; j < 4; ++j) wd[c][j] = swab::lds32(row + uint32_t(128 * j));
+        for (int j = 0; j < 4; ++j) wd[c][j] = swab::lds32(row + uint32_t(128 * j));
+      }
     }
     // m-tile 2j: bytes 0, 1 of the words (fragment rows g, g + 8); m-tile 2j + 1: bytes 2, 3
 #pragma unroll
@@ -550,15 +564,19 @@ struct SwabConsumer {
 
   // kEarly: the words pv_convert reads, for all four k-steps at once: vw[ks][c][j] (64 registers).
   __device__ __forceinline__ static void pv_load_words(uint32_t kv, int w, int g, int t, uint32_t (&vw)[4][4][4]) {
-    const uint32_t col = uint32_t(4 * (8 * w + g));
+    const uint32_t col = uint32_t(dim0(0, w, g));
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks)
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
         const int m = 16 * ks + 2 * t + (c & 1) + 8 * (c >> 1);
         const uint32_t row = kv + uint32_t(swab::slot_of(m) * Cfg::kRowStride) + col;
+        if constexpr (kV16) {
+          swab::lds128(vw[ks][c], row);
+        } else {
 #pragma unroll
-        for (int j = 0; j < 4; ++j) vw[ks][c][j] = swab::lds32(row + uint32_t(128 * j));
+          for (int j = 0; j < 4; ++j) vw[ks][c][j] = swab::lds32(row + uint32_t(128 * j));
+        }
       }
   }
   // kEarly: pv_convert's bit moves on words already in registers (the same A fragments).
@@ -788,9 +806,8 @@ struct SwabConsumer {
           }
         lse[i][e] = l > 0.0f ? (m + log2f(l)) * kLn2 : -INFINITY;
       }
-    // Lane (w, g, t): dims 128 j + 4 (8 w + g) + {0, 1, 2, 3} of head 8 i + 2 t + e =
+    // Lane (w, g, t): dims dim0(j, w, g) + {0, 1, 2, 3} of head 8 i + 2 t + e =
     // o[2j][4i + e], o[2j][4i + 2 + e], o[2j + 1][4i + e], o[2j + 1][4i + 2 + e].
-    const int dcol = 4 * (8 * warp + g);
 #pragma unroll
     for (int i = 0; i < kNB; ++i)
 #pragma unroll
@@ -804,7 +821,7 @@ struct SwabConsumer {
           for (int j = 0; j < 4; ++j) {
             const uint32_t lo = ptx::Bf16::pack(o[2 * j][4 * i + e], o[2 * j][4 * i + 2 + e]);
             const uint32_t hi = ptx::Bf16::pack(o[2 * j + 1][4 * i + e], o[2 * j + 1][4 * i + 2 + e]);
-            uint16_t* d = out + 128 * j + dcol;
+            uint16_t* d = out + dim0(j, warp, g);
             if (vec) {
               *reinterpret_cast<uint2*>(d) = make_uint2(lo, hi);
             } else {
@@ -820,7 +837,7 @@ struct SwabConsumer {
           for (int j = 0; j < 4; ++j) {
             const uint32_t lo = ptx::Bf16::pack(o[2 * j][4 * i + e], o[2 * j][4 * i + 2 + e]);
             const uint32_t hi = ptx::Bf16::pack(o[2 * j + 1][4 * i + e], o[2 * j + 1][4 * i + 2 + e]);
-            *reinterpret_cast<uint2*>(po + 128 * j + dcol) = make_uint2(lo, hi);
+            *reinterpret_cast<uint2*>(po + dim0(j, warp, g)) = make_uint2(lo, hi);
           }
           if (warp == 0 && g == 0) p.part_lse[part] = lse[i][e];
         }
