@@ -24,9 +24,11 @@
 //     dims are permuted consistently in A and B: lane t (= lane % 4) owns dims [16 t, 16 t + 16)
 //     of each 64-dim chunk, so its fragment of a row comes from one 16-byte load per chunk.
 //   softmax over the tile's rows per head (columns): shuffles within a warp, a 4-warp exchange.
-//   O^T = V^T P^T: wgmma m64nNk16, M = latent dims (8 m64 tiles, m-tile mt inside 128-dim tile mt / 2),
+//   O^T = V^T P^T: wgmma m64nNk16, M = latent dims (8 m64 tiles, m-tile mt inside 128-dim tile mt / 2;
+//     fp8_e4m3: a lane's 16 dims of a row contiguous instead, SwabConsumer::dim0),
 //     A = V^T from registers (the same bit moves, two rows per register by prmt), B = P^T times the
-//     rows' tile scale of j (and 2^56) in bf16, one 64 x N matrix per tile j in shared memory.
+//     rows' tile scale of j (and 2^56) in bf16, one 64 x N matrix per tile j in shared memory (one
+//     for all m-tiles without row scales: fp8_e4m3, nvfp4_ds_mla).
 // Rows are permuted in the tile (sigma) for conflict-free shared loads; S^T's row m and P^T's
 // k index m both mean slot sigma(m).
 #pragma once
