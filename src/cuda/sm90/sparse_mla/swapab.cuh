@@ -25,7 +25,7 @@
 //     of each 64-dim chunk, so its fragment of a row comes from one 16-byte load per chunk.
 //   softmax over the tile's rows per head (columns): shuffles within a warp, a 4-warp exchange.
 //   O^T = V^T P^T: wgmma m64nNk16, M = latent dims (8 m64 tiles, m-tile mt inside 128-dim tile mt / 2;
-//     fp8_e4m3: a lane's 16 dims of a row contiguous instead, SwabConsumer::dim0),
+//     fp8_e4m3, nvfp4_ds_mla: a lane's 16 dims of a row contiguous instead, SwabConsumer::dim0),
 //     A = V^T from registers (the same bit moves, two rows per register by prmt), B = P^T times the
 //     rows' tile scale of j (and 2^56) in bf16, one 64 x N matrix per tile j in shared memory (one
 //     for all m-tiles without row scales: fp8_e4m3, nvfp4_ds_mla).
@@ -344,11 +344,12 @@ struct SwabConsumer {
   static constexpr int kPTiles = kDs ? 4 : 1;
   // P V's M axis (latent dims): lane (w, g, t) holds dims dim0(j, w, g) + 2 h + r of m-tile mt = 2 j + h,
   // fragment row g + 8 r. With four P^T (fp8_ds_mla) an m-tile must stay inside one 128-dim tile j:
-  // dim0 = 128 j + 4 (8 w + g), 4 bytes of a row per tile j (four 4-byte loads a row; nvfp4_ds_mla keeps
-  // this layout too, its block scales in swapab_nvfp4.h). fp8_e4m3 (one P^T): dim0 = 16 (8 w + g) + 4 j,
-  // the lane's 16 bytes of a row contiguous (one 16-byte load a row; conflict-free: 608-byte rows put the
-  // four rows of a quarter-warp 8 banks apart). The same products per (dim, head), in the same k order.
-  static constexpr bool kV16 = kF == KvFormat::kFP8E4M3;
+  // dim0 = 128 j + 4 (8 w + g), 4 bytes of a row per tile j (four 4-byte loads a row).
+  // fp8_e4m3 and nvfp4_ds_mla (one P^T): dim0 = 16 (8 w + g) + 4 j, the lane's 16 dims of a row
+  // contiguous: fp8_e4m3 one 16-byte load a row (conflict-free: 608-byte rows put the four rows of a
+  // quarter-warp 8 banks apart), nvfp4_ds_mla one block a row (8 bytes and one scale byte,
+  // swapab_nvfp4.h). The same products per (dim, head), in the same k order.
+  static constexpr bool kV16 = kF != KvFormat::kFP8DsMla;
   __host__ __device__ static constexpr int dim0(int j, int w, int g) {
     return kV16 ? 16 * (8 * w + g) + 4 * j : 128 * j + 4 * (8 * w + g);
   }
@@ -486,22 +487,21 @@ struct SwabConsumer {
   // Arrives on `empty` once its last load is done (A lives in registers).
   // (Masked rows' stale bytes are converted too: the bit moves never make NaN or inf, and their P is 0.)
   __device__ __forceinline__ static void pv_convert(uint32_t kv, int w, int g, int t, int ks, uint32_t (&a)[8][4]) {
-    if constexpr (kNv) {  // 2 bytes (4 dims of one block) per row and tile j, each row's 8-byte scale group
-      uint32_t vv[4][4], sw[4][2];  // [k column 2t, 2t+1, 2t+8, 2t+9][tile j], [column][word]
+    if constexpr (kNv) {  // the lane's block of each row: 8 bytes (16 dims) and its scale byte
+      uint32_t vv[4][2], sb[4];  // [k column 2t, 2t+1, 2t+8, 2t+9][word], [column]
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
         const int m = 16 * ks + 2 * t + (c & 1) + 8 * (c >> 1);
         const uint32_t row = kv + uint32_t(swab::slot_of(m) * Cfg::kRowStride);
-#pragma unroll
-        for (int j = 0; j < 4; ++j) vv[c][j] = swnv::lds16(row + uint32_t(swnv::v_bytes(j, w, g)));
-        swnv::lds64(sw[c], row + uint32_t(swnv::v_scales(w, g)));
+        swnv::lds64(vv[c], row + uint32_t(swnv::v_bytes(w, g)));
+        sb[c] = swnv::lds8(row + uint32_t(swnv::v_scale_off(w, g)));
       }
-      const uint32_t sel[2] = {swnv::v_scale_sel(w, 0), swnv::v_scale_sel(w, 1)};  // tile j's byte: j % 2
+      const uint32_t s01 = swnv::v_scale(sb[0], sb[1]), s23 = swnv::v_scale(sb[2], sb[3]);
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         uint32_t r01[4], r23[4];
-        swnv::v_pair(vv[0][j], vv[1][j], swnv::v_scale(sw[0][j >> 1], sw[1][j >> 1], sel[j & 1]), r01);
-        swnv::v_pair(vv[2][j], vv[3][j], swnv::v_scale(sw[2][j >> 1], sw[3][j >> 1], sel[j & 1]), r23);
+        swnv::v_pair(vv[0][j >> 1], vv[1][j >> 1], j, s01, r01);
+        swnv::v_pair(vv[2][j >> 1], vv[3][j >> 1], j, s23, r23);
         a[2 * j][0] = r01[0], a[2 * j][1] = r01[1], a[2 * j + 1][0] = r01[2], a[2 * j + 1][1] = r01[3];
         a[2 * j][2] = r23[0], a[2 * j][3] = r23[1], a[2 * j + 1][2] = r23[2], a[2 * j + 1][3] = r23[3];
       }
