@@ -360,9 +360,14 @@ struct SwabConsumer {
 
   // S^T of the tile in stage `kv`: x[r][i][e] for rows m = 16 w + g + 8 r, heads 8 i + 2 t + e:
   // sum_j scale_j(row) * chain_j + 2^-120 * rope chain (= 2^(e_h - 120) * q.k).
+  // fp8_ds_mla: esc[r] = row m_r's four tile scales, loaded once here for the chains and for P.
   __device__ __forceinline__ static void scores(uint32_t kv, uint32_t q_base, int slot0, int slot1, int t, bool rope,
-                                                float (&x)[kNH]) {
+                                                float (&x)[kNH], float4 (&esc)[2]) {
     const uint32_t r0 = kv + uint32_t(slot0 * Cfg::kRowStride), r1 = kv + uint32_t(slot1 * Cfg::kRowStride);
+    if constexpr (kDs) {
+      esc[0] = swab::lds128f(r0 + 512);
+      esc[1] = swab::lds128f(r1 + 512);
+    }
     const uint32_t k0 = r0 + uint32_t(16 * t), k1 = r1 + uint32_t(16 * t);  // lane t's 16 bytes of each chunk
     const uint64_t qd = ptx::sw128_desc(q_base, 16, 1024);
     constexpr uint32_t kChunk = uint32_t(Cfg::kOperandBytes >> 4);
@@ -419,7 +424,8 @@ struct SwabConsumer {
     };
     auto add = [&](int j, float(&acc)[kNH]) {  // times the rows' scale of tile j (fp8_ds_mla)
       if constexpr (kDs) {
-        const float scl[2] = {__uint_as_float(swab::lds32(r0 + 512 + 4 * j)), __uint_as_float(swab::lds32(r1 + 512 + 4 * j))};
+        auto comp = [](const float4& v, int k) { return k == 0 ? v.x : k == 1 ? v.y : k == 2 ? v.z : v.w; };
+        const float scl[2] = {comp(esc[0], j), comp(esc[1], j)};
 #pragma unroll
         for (int i = 0; i < kNH; ++i) x[i] = fmaf(acc[i], scl[(i >> 1) & 1], x[i]);
       } else {
@@ -655,15 +661,11 @@ struct SwabConsumer {
         continue;
       }
       float x[kNH];
-      scores(kv, q_base, slot0, slot1, t, rope, x);
+      float4 esc[2];  // fp8_ds_mla: the rows' tile scales (S's chains, then P)
+      scores(kv, q_base, slot0, slot1, t, rope, x, esc);
       uint32_t vw[4][4][4];  // kEarly: the tile's V words
-      float4 esc[2];         // kEarly, fp8_ds_mla: the rows' tile scales for P
       if constexpr (kEarly) {
         pv_load_words(kv, warp, g, t, vw);
-        if constexpr (kDs) {
-          esc[0] = swab::lds128f(kv + uint32_t(slot0 * Cfg::kRowStride) + 512);
-          esc[1] = swab::lds128f(kv + uint32_t(slot1 * Cfg::kRowStride) + 512);
-        }
         ptx::mbar_arrive(ws_bar(s.empty[st]));  // (release: the loads above come first)
       }
       // x[4 i + 2 r + e]: row m_r, head 8 i + 2 t + e. Scores in the log2 domain, masked rows -inf.
@@ -716,13 +718,8 @@ struct SwabConsumer {
       // P^T * scale_j * 2^56 (0 for masked rows: their stale scale is never multiplied) as the
       // K-major B operand of tile j: stmatrix.trans of the (8 rows x 8 heads) blocks.
       {
-        float4 sc0 = make_float4(1.0f, 1.0f, 1.0f, 1.0f), sc1 = sc0;  // fp8_e4m3: no row scales
-        if constexpr (kDs && kEarly) {
-          sc0 = esc[0], sc1 = esc[1];
-        } else if constexpr (kDs) {
-          sc0 = swab::lds128f(kv + uint32_t(slot0 * Cfg::kRowStride) + 512);
-          sc1 = swab::lds128f(kv + uint32_t(slot1 * Cfg::kRowStride) + 512);
-        }
+        float4 sc0 = make_float4(1.0f, 1.0f, 1.0f, 1.0f), sc1 = sc0;  // fp8_e4m3, nvfp4: no row scales
+        if constexpr (kDs) sc0 = esc[0], sc1 = esc[1];
         const float s0[4] = {sc0.x, sc0.y, sc0.z, sc0.w}, s1[4] = {sc1.x, sc1.y, sc1.z, sc1.w};
         // lane l addresses row (head) 8 ib + l % 8 of matrix l / 8 = (ib, r); that matrix's 8 k are
         // rows 16 warp + 8 r + 0..7: chunk 2 warp + r of the head's 128 bytes.
