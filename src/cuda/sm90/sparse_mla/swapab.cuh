@@ -353,6 +353,23 @@ struct SwabConsumer {
   __host__ __device__ static constexpr int dim0(int j, int w, int g) {
     return kV16 ? 16 * (8 * w + g) + 4 * j : 128 * j + 4 * (8 * w + g);
   }
+  // Every latent dim held by exactly one (lane, j, d); with kV16 a lane's j are the 4-byte words of one
+  // 16-byte run (the load pv_convert issues; fp8_e4m3 one byte per dim, nvfp4 half a byte).
+  static constexpr bool dims_ok() {
+    int seen[512] = {};
+    for (int w = 0; w < 4; ++w)
+      for (int g = 0; g < 8; ++g)
+        for (int j = 0; j < 4; ++j) {
+          if (kV16 && dim0(j, w, g) != dim0(0, w, g) + 4 * j) return false;
+          for (int d = 0; d < 4; ++d) {
+            const int dim = dim0(j, w, g) + d;
+            if (dim < 0 || dim >= 512 || seen[dim]++) return false;
+            if (!kV16 && dim / 128 != j) return false;  // four P^T: m-tiles 2 j, 2 j + 1 inside tile j
+          }
+        }
+    return true;
+  }
+  static_assert(dims_ok(), "P V's latent dims must be a permutation (inside each 128-dim tile with four P^T)");
   // the P^T descriptor offset (16-byte units) of m-tile mt's P^T
   __device__ __forceinline__ static constexpr uint32_t p_tile(int mt) {
     return kPTiles == 4 ? uint32_t(mt >> 1) * uint32_t(Cfg::kOperandBytes >> 4) : 0u;
