@@ -40,6 +40,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <string>
+#include <type_traits>
 
 #include "cuda/common/ptx.cuh"
 #include "cuda/sm90/sparse_mla/config.h"
@@ -190,6 +191,8 @@ __device__ __forceinline__ void swab_produce(const KernelParams& p, typename Swa
   using Cfg = SwabConfig<kN, kF>;
   const int c = wt & 7, grp = wt >> 3, warp = wt >> 5, lane = wt & 31;
   const int chunks = p.raw_chunks;
+  constexpr int kRowChunks = row_layout(kF).bytes / 16;  // a whole row: 41 / 36 / 22
+  static_assert(kRowChunks <= 48, "6 chunks of 16 bytes per thread and row");
   int rows[4];
   auto fetch = [&](int tile) {  // the ids, by the c == 0 thread of each row
 #pragma unroll
@@ -219,9 +222,18 @@ __device__ __forceinline__ void swab_produce(const KernelParams& p, typename Swa
         if (cur[i] < 0) continue;
         const uint8_t* src = p.kv + int64_t(cur[i]) * p.kv_row_stride_bytes + 16 * c;
         const uint32_t dst = base + uint32_t(16 * i * Cfg::kRowStride);
+        // chunks c, c + 8, ... (< 41). A whole row (D = 576, the usual call) with its chunk count a
+        // constant: the chunks every thread copies need no test, and only the last one or two a predicate
+        // on c (docs/perf-history.md#s12-swapab-diet); D = 512 (fewer chunks) the general loop.
+        auto copy_row = [&](auto kc) {
+          constexpr int kChunks = decltype(kc)::value;
+          const int n = kChunks > 0 ? kChunks : chunks;
 #pragma unroll
-        for (int k = 0; k < 6; ++k)  // chunks c, c + 8, ... (< 41)
-          if (c + 8 * k < chunks) ptx::cp_async_16_zfill_l2(dst + 128 * k, src + 128 * k, true, c + 8 * k + 8 >= chunks);
+          for (int k = 0; k < 6; ++k)
+            if (c + 8 * k < n) ptx::cp_async_16_zfill_l2(dst + 128 * k, src + 128 * k, true, c + 8 * k + 8 >= n);
+        };
+        if (chunks == kRowChunks) copy_row(std::integral_constant<int, kRowChunks>{});
+        else copy_row(std::integral_constant<int, 0>{});
       }
     }
     ptx::cp_async_mbar_arrive(full);
