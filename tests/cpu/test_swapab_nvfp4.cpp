@@ -104,8 +104,8 @@ TEST(SwapAbNvfp4, ProductEveryCodeEveryScale) {
 }
 
 // The layout helpers agree with the format: S's lane t reads block 4 c + t at k_bytes(c, t) with its
-// scale at k_scales(t) + c; V's lane (w, g) reads block 8 j + 2 w + g / 4 at v_bytes with its scale at
-// v_scales + v_scale_byte; every byte of the latent is read by exactly one lane of each.
+// scale at k_scales(t) + c; V's lane (w, g) reads block 8 w + g at v_bytes (8 bytes) with its scale at
+// v_scale_off; every byte of the latent is read by exactly one lane of each.
 TEST(SwapAbNvfp4, LayoutMatchesTheFormat) {
   std::vector<int> k_reads(256, 0), v_reads(256, 0);
   for (int c = 0; c < 8; ++c)
@@ -118,18 +118,22 @@ TEST(SwapAbNvfp4, LayoutMatchesTheFormat) {
         for (int r = 0; r < 2; ++r)
           for (int e = 0; e < 2; ++e) EXPECT_EQ(nv::k_dim(4 * c + s, t, r, e) / 16, blk);
     }
+  std::vector<int> v_dims(512, 0);
   for (int w = 0; w < 4; ++w)
-    for (int g = 0; g < 8; ++g)
-      for (int j = 0; j < 4; ++j) {
-        const int blk = 8 * j + 2 * w + g / 4;
-        EXPECT_EQ(nv::v_bytes(j, w, g), nv::v_dim(j, w, g, 0) / 2);
-        for (int d = 0; d < 4; ++d) EXPECT_EQ(nv::v_dim(j, w, g, d) / 16, blk);
-        EXPECT_EQ(nv::v_scales(w, g) + nv::v_scale_byte(w, j), smla::nvfp4_scale_offset(blk)) << w << g << j;
-        EXPECT_EQ(nv::v_scales(w, g) % 8, 0);  // one 8-byte load
-        EXPECT_LT(nv::v_scale_byte(w, j), 8);
-        EXPECT_EQ(nv::v_scale_byte(w, j) / 4, j / 2);  // word j / 2 of the group
-        for (int b = 0; b < 2; ++b) ++v_reads[size_t(nv::v_bytes(j, w, g) + b)];
-      }
+    for (int g = 0; g < 8; ++g) {
+      const int blk = 8 * w + g;
+      EXPECT_EQ(nv::v_block(w, g), blk);
+      EXPECT_EQ(nv::v_bytes(w, g), 8 * blk);  // block s = bytes 8 s .. 8 s + 7
+      EXPECT_EQ(nv::v_bytes(w, g) % 8, 0);    // one 8-byte load
+      EXPECT_EQ(nv::v_scale_off(w, g), smla::nvfp4_scale_offset(blk)) << w << g;
+      for (int b = 0; b < 8; ++b) ++v_reads[size_t(nv::v_bytes(w, g) + b)];
+      for (int j = 0; j < 4; ++j)
+        for (int d = 0; d < 4; ++d) {
+          EXPECT_EQ(nv::v_dim(j, w, g, d) / 16, blk);
+          ++v_dims[size_t(nv::v_dim(j, w, g, d))];
+        }
+    }
+  for (int i = 0; i < 512; ++i) EXPECT_EQ(v_dims[size_t(i)], 1) << "V dim " << i;
   for (int i = 0; i < 256; ++i) EXPECT_EQ(k_reads[size_t(i)], 1) << i;
   for (int i = 0; i < 256; ++i) EXPECT_EQ(v_reads[size_t(i)], 1) << i;
   for (int t = 0; t < 4; ++t) EXPECT_EQ(nv::k_dim(32, t, 0, 0), 512 + 16 * t);  // RoPE chunk
@@ -205,8 +209,8 @@ TEST(SwapAbNvfp4, KFragmentsMatchDecodeRow) {
   }
 }
 
-// P V: each lane's V^T fragment for two rows (the low and high halves of its registers) and every tile j,
-// from the 2 bytes per row and the 8-byte scale group it loads, against decode_row * 2^-120.
+// P V: each lane's V^T fragment for two rows (the low and high halves of its registers) and every j,
+// from the 8 bytes and the scale byte per row it loads, against decode_row * 2^-120.
 TEST(SwapAbNvfp4, VFragmentsMatchDecodeRow) {
   const auto rows = test_rows();
   for (size_t ra = 0; ra < rows.size(); ++ra) {
@@ -216,13 +220,11 @@ TEST(SwapAbNvfp4, VFragmentsMatchDecodeRow) {
     for (int w = 0; w < 4; ++w)
       for (int g = 0; g < 8; ++g)
         for (int j = 0; j < 4; ++j) {
-          uint16_t va, vb;
-          std::memcpy(&va, a + nv::v_bytes(j, w, g), 2);
-          std::memcpy(&vb, b + nv::v_bytes(j, w, g), 2);
-          const int so = nv::v_scales(w, g) + 4 * (j / 2);
-          const uint32_t sc = nv::v_scale(word(a + so), word(b + so), nv::v_scale_sel(w, j));
+          const uint32_t va = word(a + nv::v_bytes(w, g) + 4 * (j / 2)), vb = word(b + nv::v_bytes(w, g) + 4 * (j / 2));
+          const int so = nv::v_scale_off(w, g);
+          const uint32_t sc = nv::v_scale(a[so], b[so]);
           uint32_t r[4];
-          nv::v_pair(va, vb, sc, r);
+          nv::v_pair(va, vb, j, sc, r);
           for (int d = 0; d < 4; ++d) {
             const int dim = nv::v_dim(j, w, g, d);
             ASSERT_EQ(r[d] & 0xffffu, bf16_exact(wa[size_t(dim)], -120)) << "row " << ra << " dim " << dim;

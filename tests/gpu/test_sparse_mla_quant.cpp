@@ -17,8 +17,12 @@
 #include <atomic>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <map>
 #include <random>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -827,6 +831,107 @@ TEST(SwapAbHold, EarlyReleaseBitIdentical) {
     EXPECT_LE(diff.rel_l2, 1e-2);
     EXPECT_LE(diff.lse_max_abs, 1e-3);
   }
+}
+
+// swapab's outputs across two binaries (an instruction diet, a scheduling change: anything that must
+// not move a bit; docs/perf-history.md#s12-swapab-diet). Fixed seeds, so two builds see the same
+// inputs; out and LSE are digested (FNV-1a 64 of their bytes) per case and hold. With
+// SMLA_SWAPAB_DIGESTS=FILE: FILE missing -> the digests are written to it and the test is skipped
+// (recorded, nothing compared); FILE present -> every case must match it. Run the old binary first,
+// then the new one with the same FILE and the same switches. Each case is also held to the float64
+// reference (DESIGN.md §8).
+uint64_t fnv1a(const void* data, size_t n, uint64_t h = 1469598103934665603ull) {
+  const auto* b = static_cast<const uint8_t*>(data);
+  for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
+  return h;
+}
+
+TEST(SwapAbDigest, SameBitsAcrossBinaries) {
+  REQUIRE_GPU();
+  if (!smla::swapab_enabled()) GTEST_SKIP() << "swapab is turned off (SMLA_SM90_SWAPAB=0)";
+  const char* path = std::getenv("SMLA_SWAPAB_DIGESTS");
+  if (path == nullptr || *path == '\0')
+    GTEST_SKIP() << "set SMLA_SWAPAB_DIGESTS=FILE (the first binary records, the second compares)";
+  HoldGuard guard;
+  std::vector<KvFormat> formats = swapab_formats();
+  if (smla::swapab_nvfp4_enabled()) formats.push_back(KvFormat::kNvFP4DsMla);
+  std::vector<std::pair<std::string, ProblemSpec>> specs;
+  for (KvFormat f : formats) {
+    const std::string fn = short_name(f);
+    auto s = base(f, 300, 16, 256);  // no split, the ring wraps, counts, sink in the kernel
+    s.use_counts = true, s.sink = true;
+    specs.push_back({fn + "_T300_H16_K256_counts_sink", s});
+    s = base(f, 3, 16, 2048);  // split, sink in the merge, LSE base 2
+    s.sink = true, s.lse_mode = LseMode::kBase2;
+    specs.push_back({fn + "_T3_H16_K2048_split_sink_lse2", s});
+    s = base(f, 5, 16, 500);
+    s.invalid_fraction = 0.6, s.num_rows = 50, s.all_invalid_row = true;
+    specs.push_back({fn + "_T5_H16_invalid_duplicates", s});
+    s = base(f, 1, 8, 2048);
+    s.rope_dim = 0;
+    specs.push_back({fn + "_T1_H8_K2048_D512", s});
+    s = base(f, 200, 3, 1024);
+    s.q_pair = true, s.lse_mode = LseMode::kOff;
+    specs.push_back({fn + "_T200_H3_K1024_qpair_lse_off", s});
+    s = base(f, 64, 16, 1000);  // the tail tile partly masked, odd tile count per consumer
+    s.sink = true;
+    specs.push_back({fn + "_T64_H16_K1000_sink", s});
+    if (f == KvFormat::kFP8DsMla) {  // an e4m3 q (auto: widened on swapab)
+      s = base(f, 4, 16, 300);
+      s.q_dtype = DType::kE4M3, s.q_scale = 0.1f;
+      specs.push_back({fn + "_qe4m3_T4_H16_K300", s});
+    }
+  }
+  std::map<std::string, std::string> got;
+  uint64_t seed = 0x5eed0000ull;
+  for (const auto& [name, spec] : specs) {
+    ++seed;
+    for (int hold : {0, 1}) {
+      if (hold == 1 && spec.format == KvFormat::kNvFP4DsMla) continue;  // (nvfp4: the whole hold only)
+      auto hp = smla::testing::make_problem(spec, seed);
+      const std::string key = name + (hold ? "_early" : "_whole");
+      SCOPED_TRACE(key + " (seed " + std::to_string(seed) + ")");
+      const smla::CudaVariant* v = smla::cuda_variant_for(smla::geometry_of(hp.params), smla::any_sm90_device());
+      ASSERT_NE(v, nullptr);
+      ASSERT_STREQ(v->name, "swapab");
+      k::set_swapab_hold_for_testing(hold);
+      smla::cuda::sparse_mla_from_host(hp.params, hp.kv_bytes());
+      k::set_swapab_hold_for_testing(-1);
+      std::vector<double> ref_out, ref_lse;
+      reference(hp, ref_out, ref_lse);
+      const auto diff = smla::testing::compare(hp, ref_out, ref_lse);
+      EXPECT_EQ(diff.nonfinite, 0);
+      EXPECT_LE(diff.rel_l2, 1e-2);
+      EXPECT_LE(diff.lse_max_abs, 1e-3);
+      char buf[48];
+      std::snprintf(buf, sizeof buf, "%016llx %016llx", (unsigned long long)fnv1a(hp.out.data(), hp.out.size()),
+                    (unsigned long long)fnv1a(hp.lse.data(), hp.lse.size() * sizeof(float)));
+      got[key] = buf;
+    }
+  }
+  std::ifstream in(path);
+  if (!in) {
+    std::ofstream o(path);
+    ASSERT_TRUE(o.good()) << "cannot write SMLA_SWAPAB_DIGESTS=" << path;
+    for (const auto& [key, d] : got) o << key << ' ' << d << '\n';
+    GTEST_SKIP() << "recorded " << got.size() << " digests to " << path
+                 << " (nothing compared: run the other binary with the same file)";
+  }
+  std::map<std::string, std::string> want;
+  for (std::string line; std::getline(in, line);) {
+    std::istringstream ls(line);
+    std::string key, a, b;
+    if (ls >> key >> a >> b) want[key] = a + ' ' + b;
+  }
+  for (const auto& [key, d] : got) {
+    const auto it = want.find(key);
+    if (it == want.end()) {
+      ADD_FAILURE() << key << ": not in " << path << " (run both binaries with the same switches)";
+      continue;
+    }
+    EXPECT_EQ(d, it->second) << key << ": out / LSE digests differ from " << path;
+  }
+  std::printf("[ note     ] %zu swapab cases compared with %s\n", got.size(), path);
 }
 
 }  // namespace

@@ -24,9 +24,11 @@
 //     dims are permuted consistently in A and B: lane t (= lane % 4) owns dims [16 t, 16 t + 16)
 //     of each 64-dim chunk, so its fragment of a row comes from one 16-byte load per chunk.
 //   softmax over the tile's rows per head (columns): shuffles within a warp, a 4-warp exchange.
-//   O^T = V^T P^T: wgmma m64nNk16, M = latent dims (8 m64 tiles, m-tile mt inside 128-dim tile mt / 2),
+//   O^T = V^T P^T: wgmma m64nNk16, M = latent dims (8 m64 tiles, m-tile mt inside 128-dim tile mt / 2;
+//     fp8_e4m3, nvfp4_ds_mla: a lane's 16 dims of a row contiguous instead, SwabConsumer::dim0),
 //     A = V^T from registers (the same bit moves, two rows per register by prmt), B = P^T times the
-//     rows' tile scale of j (and 2^56) in bf16, one 64 x N matrix per tile j in shared memory.
+//     rows' tile scale of j (and 2^56) in bf16, one 64 x N matrix per tile j in shared memory (one
+//     for all m-tiles without row scales: fp8_e4m3, nvfp4_ds_mla).
 // Rows are permuted in the tile (sigma) for conflict-free shared loads; S^T's row m and P^T's
 // k index m both mean slot sigma(m).
 #pragma once
@@ -38,6 +40,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <string>
+#include <type_traits>
 
 #include "cuda/common/ptx.cuh"
 #include "cuda/sm90/sparse_mla/config.h"
@@ -72,8 +75,8 @@ struct SwabConfig {
   static constexpr int kOperandBytes = kN * 128;  // one (kN heads x 64 k) bf16 swizzled B operand
   struct SharedStorage {
     alignas(1024) uint8_t q[9][kOperandBytes];     // Q^T: chunk c (dims 64c.., 8 = RoPE) of kN heads, permuted
-    alignas(1024) uint8_t p[2][4][kOperandBytes];  // [consumer][latent tile j] P^T * scale_j * 2^56
-    alignas(128) uint8_t kv[kStages][kStageBytes];  // raw rows; at the end consumer 1's O for the merge
+    alignas(1024) uint8_t p[2][4][kOperandBytes];  // [consumer][latent tile j] P^T * scale_j * 2^56 (only j = 0 without row scales)
+    alignas(128) uint8_t kv[kStages][kStageBytes];  // raw rows; at the end consumer 1's O in its stages
     uint64_t valid[kStages][4];                     // [stage][producer warp] bit i: slot i holds a row
     float qfac[kN];                                 // scale_log2 * 2^(120 - e_h)
     float red_m[2][2][4][kN];                       // [consumer][tile parity][warp][head] partial max
@@ -84,7 +87,13 @@ struct SwabConfig {
   };
   static constexpr size_t kSmemBytes = sizeof(SharedStorage);
   static_assert(kSmemBytes <= kSmemLimit, "swap-AB kernel: shared memory over 227 KiB");
-  static_assert(kStages * kStageBytes >= 512 * kN * 4, "consumer 1's O must fit the stages for the merge");
+  // Consumer 1's O^T for the merge (512 x kN fp32) goes into its own stages (the odd ones: tile i uses
+  // stage i % kStages, consumer i % 2), by latent half: both halves in stage 1 when a stage holds them
+  // (fp8_ds_mla 42 KiB, fp8_e4m3 38 KiB), else half h in stage 1 + 2 h (nvfp4_ds_mla: 22 KiB stages).
+  static constexpr int kObHalfBytes = 256 * kN * 4;
+  static constexpr bool kObOneStage = kStageBytes >= 2 * kObHalfBytes;
+  static_assert(kObOneStage || (kStageBytes >= kObHalfBytes && kStages >= 4),
+                "consumer 1's O must fit its own stages for the merge");
   static_assert((kConsumerRegs - 168) * 2 <= 168 - kProducerRegs, "consumer registers exceed what the producer releases");
 };
 
@@ -182,6 +191,8 @@ __device__ __forceinline__ void swab_produce(const KernelParams& p, typename Swa
   using Cfg = SwabConfig<kN, kF>;
   const int c = wt & 7, grp = wt >> 3, warp = wt >> 5, lane = wt & 31;
   const int chunks = p.raw_chunks;
+  constexpr int kRowChunks = row_layout(kF).bytes / 16;  // a whole row: 41 / 36 / 22
+  static_assert(kRowChunks <= 48, "6 chunks of 16 bytes per thread and row");
   int rows[4];
   auto fetch = [&](int tile) {  // the ids, by the c == 0 thread of each row
 #pragma unroll
@@ -211,9 +222,18 @@ __device__ __forceinline__ void swab_produce(const KernelParams& p, typename Swa
         if (cur[i] < 0) continue;
         const uint8_t* src = p.kv + int64_t(cur[i]) * p.kv_row_stride_bytes + 16 * c;
         const uint32_t dst = base + uint32_t(16 * i * Cfg::kRowStride);
+        // chunks c, c + 8, ... (< 41). A whole row (D = 576, the usual call) with its chunk count a
+        // constant: the chunks every thread copies need no test, and only the last one or two a predicate
+        // on c (docs/perf-history.md#s12-swapab-diet); D = 512 (fewer chunks) the general loop.
+        auto copy_row = [&](auto kc) {
+          constexpr int kChunks = decltype(kc)::value;
+          const int n = kChunks > 0 ? kChunks : chunks;
 #pragma unroll
-        for (int k = 0; k < 6; ++k)  // chunks c, c + 8, ... (< 41)
-          if (c + 8 * k < chunks) ptx::cp_async_16_zfill_l2(dst + 128 * k, src + 128 * k, true, c + 8 * k + 8 >= chunks);
+          for (int k = 0; k < 6; ++k)
+            if (c + 8 * k < n) ptx::cp_async_16_zfill_l2(dst + 128 * k, src + 128 * k, true, c + 8 * k + 8 >= n);
+        };
+        if (chunks == kRowChunks) copy_row(std::integral_constant<int, kRowChunks>{});
+        else copy_row(std::integral_constant<int, 0>{});
       }
     }
     ptx::cp_async_mbar_arrive(full);
@@ -330,12 +350,54 @@ struct SwabConsumer {
   using Smem = typename Cfg::SharedStorage;
   static constexpr int kNH = kN / 2;  // accumulator registers of an m64nN product
   static constexpr int kNB = kN / 8;  // n8 blocks (heads 8i .. 8i + 7)
+  // P^T matrices per tile: fp8_ds_mla one per 128-dim latent tile j (P^T times the rows' scale of j);
+  // fp8_e4m3 and nvfp4_ds_mla have no row scale in P^T, so the four would be identical: one, which
+  // every m-tile's P V reads (docs/perf-history.md#s12-swapab-diet).
+  static constexpr int kPTiles = kDs ? 4 : 1;
+  // P V's M axis (latent dims): lane (w, g, t) holds dims dim0(j, w, g) + 2 h + r of m-tile mt = 2 j + h,
+  // fragment row g + 8 r. With four P^T (fp8_ds_mla) an m-tile must stay inside one 128-dim tile j:
+  // dim0 = 128 j + 4 (8 w + g), 4 bytes of a row per tile j (four 4-byte loads a row).
+  // fp8_e4m3 and nvfp4_ds_mla (one P^T): dim0 = 16 (8 w + g) + 4 j, the lane's 16 dims of a row
+  // contiguous: fp8_e4m3 one 16-byte load a row (conflict-free: 608-byte rows put the four rows of a
+  // quarter-warp 8 banks apart), nvfp4_ds_mla one block a row (8 bytes and one scale byte,
+  // swapab_nvfp4.h). The same products per (dim, head), in the same k order.
+  static constexpr bool kV16 = kF != KvFormat::kFP8DsMla;
+  __host__ __device__ static constexpr int dim0(int j, int w, int g) {
+    return kV16 ? 16 * (8 * w + g) + 4 * j : 128 * j + 4 * (8 * w + g);
+  }
+  // Every latent dim held by exactly one (lane, j, d); with kV16 a lane's j are the 4-byte words of one
+  // 16-byte run (the load pv_convert issues; fp8_e4m3 one byte per dim, nvfp4 half a byte).
+  static constexpr bool dims_ok() {
+    int seen[512] = {};
+    for (int w = 0; w < 4; ++w)
+      for (int g = 0; g < 8; ++g)
+        for (int j = 0; j < 4; ++j) {
+          if (kV16 && dim0(j, w, g) != dim0(0, w, g) + 4 * j) return false;
+          for (int d = 0; d < 4; ++d) {
+            const int dim = dim0(j, w, g) + d;
+            if (dim < 0 || dim >= 512 || seen[dim]++) return false;
+            if (!kV16 && dim / 128 != j) return false;  // four P^T: m-tiles 2 j, 2 j + 1 inside tile j
+          }
+        }
+    return true;
+  }
+  static_assert(dims_ok(), "P V's latent dims must be a permutation (inside each 128-dim tile with four P^T)");
+  // the P^T descriptor offset (16-byte units) of m-tile mt's P^T
+  __device__ __forceinline__ static constexpr uint32_t p_tile(int mt) {
+    return kPTiles == 4 ? uint32_t(mt >> 1) * uint32_t(Cfg::kOperandBytes >> 4) : 0u;
+  }
 
   // S^T of the tile in stage `kv`: x[r][i][e] for rows m = 16 w + g + 8 r, heads 8 i + 2 t + e:
   // sum_j scale_j(row) * chain_j + 2^-120 * rope chain (= 2^(e_h - 120) * q.k).
+  // fp8_ds_mla: esc[r] = row m_r's four tile scales, loaded once here for the chains and for P.
   __device__ __forceinline__ static void scores(uint32_t kv, uint32_t q_base, int slot0, int slot1, int t, bool rope,
-                                                float (&x)[kNH]) {
+                                                float (&x)[kNH], float4 (&esc)[2]) {
     const uint32_t r0 = kv + uint32_t(slot0 * Cfg::kRowStride), r1 = kv + uint32_t(slot1 * Cfg::kRowStride);
+    if constexpr (kDs) {
+      esc[0] = swab::lds128f(r0 + 512);
+      esc[1] = swab::lds128f(r1 + 512);
+    }
+    const uint32_t k0 = r0 + uint32_t(16 * t), k1 = r1 + uint32_t(16 * t);  // lane t's 16 bytes of each chunk
     const uint64_t qd = ptx::sw128_desc(q_base, 16, 1024);
     constexpr uint32_t kChunk = uint32_t(Cfg::kOperandBytes >> 4);
 #pragma unroll
@@ -369,9 +431,9 @@ struct SwabConsumer {
 #pragma unroll
         for (int cc = 0; cc < 2; ++cc) {
           uint32_t u0[4], u1[4];
-          const uint32_t off = uint32_t((2 * j + cc) * 64 + 16 * t);
-          swab::lds128(u0, r0 + off);
-          swab::lds128(u1, r1 + off);
+          const uint32_t off = uint32_t((2 * j + cc) * 64);  // (an immediate: lane t's 16 t is in k0, k1)
+          swab::lds128(u0, k0 + off);
+          swab::lds128(u1, k1 + off);
 #pragma unroll
           for (int k = 0; k < 4; ++k) {
             a[4 * cc + k][0] = swab::e4m3x2_bits<swab::kSelLo>(u0[k], u0[k]);
@@ -391,7 +453,8 @@ struct SwabConsumer {
     };
     auto add = [&](int j, float(&acc)[kNH]) {  // times the rows' scale of tile j (fp8_ds_mla)
       if constexpr (kDs) {
-        const float scl[2] = {__uint_as_float(swab::lds32(r0 + 512 + 4 * j)), __uint_as_float(swab::lds32(r1 + 512 + 4 * j))};
+        auto comp = [](const float4& v, int k) { return k == 0 ? v.x : k == 1 ? v.y : k == 2 ? v.z : v.w; };
+        const float scl[2] = {comp(esc[0], j), comp(esc[1], j)};
 #pragma unroll
         for (int i = 0; i < kNH; ++i) x[i] = fmaf(acc[i], scl[(i >> 1) & 1], x[i]);
       } else {
@@ -454,40 +517,43 @@ struct SwabConsumer {
     }
   }
 
-  // O^T += V^T P^T for the tile in stage `kv`: lane (w, g, t) holds dims 128 j + 4 (8 w + g) + 2 h + r
-  // (m-tile mt = 2 j + h, fragment row g + 8 r) and reads 4 bytes of each of its 16 rows per tile j.
+  // O^T += V^T P^T for the tile in stage `kv`: lane (w, g, t) holds dims dim0(j, w, g) + 2 h + r
+  // (m-tile mt = 2 j + h, fragment row g + 8 r) and reads 4 bytes of each of its 16 rows per j.
   // Arrives on `empty` once its last load is done (A lives in registers).
   // (Masked rows' stale bytes are converted too: the bit moves never make NaN or inf, and their P is 0.)
   __device__ __forceinline__ static void pv_convert(uint32_t kv, int w, int g, int t, int ks, uint32_t (&a)[8][4]) {
-    if constexpr (kNv) {  // 2 bytes (4 dims of one block) per row and tile j, each row's 8-byte scale group
-      uint32_t vv[4][4], sw[4][2];  // [k column 2t, 2t+1, 2t+8, 2t+9][tile j], [column][word]
+    if constexpr (kNv) {  // the lane's block of each row: 8 bytes (16 dims) and its scale byte
+      uint32_t vv[4][2], sb[4];  // [k column 2t, 2t+1, 2t+8, 2t+9][word], [column]
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
         const int m = 16 * ks + 2 * t + (c & 1) + 8 * (c >> 1);
         const uint32_t row = kv + uint32_t(swab::slot_of(m) * Cfg::kRowStride);
-#pragma unroll
-        for (int j = 0; j < 4; ++j) vv[c][j] = swnv::lds16(row + uint32_t(swnv::v_bytes(j, w, g)));
-        swnv::lds64(sw[c], row + uint32_t(swnv::v_scales(w, g)));
+        swnv::lds64(vv[c], row + uint32_t(swnv::v_bytes(w, g)));
+        sb[c] = swnv::lds8(row + uint32_t(swnv::v_scale_off(w, g)));
       }
-      const uint32_t sel[2] = {swnv::v_scale_sel(w, 0), swnv::v_scale_sel(w, 1)};  // tile j's byte: j % 2
+      const uint32_t s01 = swnv::v_scale(sb[0], sb[1]), s23 = swnv::v_scale(sb[2], sb[3]);
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         uint32_t r01[4], r23[4];
-        swnv::v_pair(vv[0][j], vv[1][j], swnv::v_scale(sw[0][j >> 1], sw[1][j >> 1], sel[j & 1]), r01);
-        swnv::v_pair(vv[2][j], vv[3][j], swnv::v_scale(sw[2][j >> 1], sw[3][j >> 1], sel[j & 1]), r23);
+        swnv::v_pair(vv[0][j >> 1], vv[1][j >> 1], j, s01, r01);
+        swnv::v_pair(vv[2][j >> 1], vv[3][j >> 1], j, s23, r23);
         a[2 * j][0] = r01[0], a[2 * j][1] = r01[1], a[2 * j + 1][0] = r01[2], a[2 * j + 1][1] = r01[3];
         a[2 * j][2] = r23[0], a[2 * j][3] = r23[1], a[2 * j + 1][2] = r23[2], a[2 * j + 1][3] = r23[3];
       }
       return;
     }
-    const uint32_t col = uint32_t(4 * (8 * w + g));
-    uint32_t wd[4][4];  // [k column 2t, 2t+1, 2t+8, 2t+9][tile j]
+    const uint32_t col = uint32_t(dim0(0, w, g));
+    uint32_t wd[4][4];  // [k column 2t, 2t+1, 2t+8, 2t+9][j]
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
       const int m = 16 * ks + 2 * t + (c & 1) + 8 * (c >> 1);
       const uint32_t row = kv + uint32_t(swab::slot_of(m) * Cfg::kRowStride) + col;
+      if constexpr (kV16) {
+        swab::lds128(wd[c], row);
+      } else {
 #pragma unroll
-      for (int j = 0; j < 4; ++j) wd[c][j] = swab::lds32(row + uint32_t(128 * j));
+        for (int j = 0; j < 4; ++j) wd[c][j] = swab::lds32(row + uint32_t(128 * j));
+      }
     }
     // m-tile 2j: bytes 0, 1 of the words (fragment rows g, g + 8); m-tile 2j + 1: bytes 2, 3
 #pragma unroll
@@ -505,12 +571,15 @@ struct SwabConsumer {
   __device__ __forceinline__ static void pv(uint32_t kv, uint32_t p_base, int w, int g, int t, uint32_t empty,
                                             float (&o)[8][kNH]) {
     uint32_t a[2][8][4];  // two A register sets: k-step ks + 1 is converted while ks runs
-    constexpr uint32_t kOp = uint32_t(Cfg::kOperandBytes >> 4);
+    // (fp8_ds_mla, four P^T: opaque per tile, so the compiler forms the 16 descriptors from it in uniform
+    // registers, one add each, where it would hoist them out of the loop into 32 ordinary registers and
+    // move them to uniform ones per wgmma: docs/perf-history.md#s12-swapab-diet. One P^T: not needed.)
+    if constexpr (kPTiles == 4) asm volatile("" : "+r"(p_base));
     const uint64_t pd = ptx::sw128_desc(p_base, 16, 1024);
     auto issue = [&](int ks, uint32_t(&ak)[8][4]) {
       ptx::wgmma_fence();
 #pragma unroll
-      for (int mt = 0; mt < 8; ++mt) swab::wgmma_rs16(o[mt], ak[mt], pd + (mt >> 1) * kOp + uint32_t(2 * ks), 1);
+      for (int mt = 0; mt < 8; ++mt) swab::wgmma_rs16(o[mt], ak[mt], pd + p_tile(mt) + uint32_t(2 * ks), 1);
       ptx::wgmma_commit();
     };
 #pragma unroll
@@ -532,15 +601,19 @@ struct SwabConsumer {
 
   // kEarly: the words pv_convert reads, for all four k-steps at once: vw[ks][c][j] (64 registers).
   __device__ __forceinline__ static void pv_load_words(uint32_t kv, int w, int g, int t, uint32_t (&vw)[4][4][4]) {
-    const uint32_t col = uint32_t(4 * (8 * w + g));
+    const uint32_t col = uint32_t(dim0(0, w, g));
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks)
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
         const int m = 16 * ks + 2 * t + (c & 1) + 8 * (c >> 1);
         const uint32_t row = kv + uint32_t(swab::slot_of(m) * Cfg::kRowStride) + col;
+        if constexpr (kV16) {
+          swab::lds128(vw[ks][c], row);
+        } else {
 #pragma unroll
-        for (int j = 0; j < 4; ++j) vw[ks][c][j] = swab::lds32(row + uint32_t(128 * j));
+          for (int j = 0; j < 4; ++j) vw[ks][c][j] = swab::lds32(row + uint32_t(128 * j));
+        }
       }
   }
   // kEarly: pv_convert's bit moves on words already in registers (the same A fragments).
@@ -560,7 +633,10 @@ struct SwabConsumer {
   // kEarly: pv() from the words in registers (the stage was released after S); the same wgmma order.
   __device__ __forceinline__ static void pv_words(const uint32_t (&vw)[4][4][4], uint32_t p_base, float (&o)[8][kNH]) {
     uint32_t a[2][8][4];
-    constexpr uint32_t kOp = uint32_t(Cfg::kOperandBytes >> 4);
+    // (fp8_ds_mla, four P^T: opaque per tile, so the compiler forms the 16 descriptors from it in uniform
+    // registers, one add each, where it would hoist them out of the loop into 32 ordinary registers and
+    // move them to uniform ones per wgmma: docs/perf-history.md#s12-swapab-diet. One P^T: not needed.)
+    if constexpr (kPTiles == 4) asm volatile("" : "+r"(p_base));
     const uint64_t pd = ptx::sw128_desc(p_base, 16, 1024);
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks) {
@@ -571,7 +647,7 @@ struct SwabConsumer {
       pv_convert_words(vw[ks], a[ks & 1]);
       ptx::wgmma_fence();
 #pragma unroll
-      for (int mt = 0; mt < 8; ++mt) swab::wgmma_rs16(o[mt], a[ks & 1][mt], pd + (mt >> 1) * kOp + uint32_t(2 * ks), 1);
+      for (int mt = 0; mt < 8; ++mt) swab::wgmma_rs16(o[mt], a[ks & 1][mt], pd + p_tile(mt) + uint32_t(2 * ks), 1);
       ptx::wgmma_commit();
     }
     ptx::wgmma_wait<0>();
@@ -614,15 +690,11 @@ struct SwabConsumer {
         continue;
       }
       float x[kNH];
-      scores(kv, q_base, slot0, slot1, t, rope, x);
+      float4 esc[2];  // fp8_ds_mla: the rows' tile scales (S's chains, then P)
+      scores(kv, q_base, slot0, slot1, t, rope, x, esc);
       uint32_t vw[4][4][4];  // kEarly: the tile's V words
-      float4 esc[2];         // kEarly, fp8_ds_mla: the rows' tile scales for P
       if constexpr (kEarly) {
         pv_load_words(kv, warp, g, t, vw);
-        if constexpr (kDs) {
-          esc[0] = swab::lds128f(kv + uint32_t(slot0 * Cfg::kRowStride) + 512);
-          esc[1] = swab::lds128f(kv + uint32_t(slot1 * Cfg::kRowStride) + 512);
-        }
         ptx::mbar_arrive(ws_bar(s.empty[st]));  // (release: the loads above come first)
       }
       // x[4 i + 2 r + e]: row m_r, head 8 i + 2 t + e. Scores in the log2 domain, masked rows -inf.
@@ -675,18 +747,13 @@ struct SwabConsumer {
       // P^T * scale_j * 2^56 (0 for masked rows: their stale scale is never multiplied) as the
       // K-major B operand of tile j: stmatrix.trans of the (8 rows x 8 heads) blocks.
       {
-        float4 sc0 = make_float4(1.0f, 1.0f, 1.0f, 1.0f), sc1 = sc0;  // fp8_e4m3: no row scales
-        if constexpr (kDs && kEarly) {
-          sc0 = esc[0], sc1 = esc[1];
-        } else if constexpr (kDs) {
-          sc0 = swab::lds128f(kv + uint32_t(slot0 * Cfg::kRowStride) + 512);
-          sc1 = swab::lds128f(kv + uint32_t(slot1 * Cfg::kRowStride) + 512);
-        }
+        float4 sc0 = make_float4(1.0f, 1.0f, 1.0f, 1.0f), sc1 = sc0;  // fp8_e4m3, nvfp4: no row scales
+        if constexpr (kDs) sc0 = esc[0], sc1 = esc[1];
         const float s0[4] = {sc0.x, sc0.y, sc0.z, sc0.w}, s1[4] = {sc1.x, sc1.y, sc1.z, sc1.w};
         // lane l addresses row (head) 8 ib + l % 8 of matrix l / 8 = (ib, r); that matrix's 8 k are
         // rows 16 warp + 8 r + 0..7: chunk 2 warp + r of the head's 128 bytes.
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
+        for (int j = 0; j < kPTiles; ++j) {
           const float f0 = v0 ? s0[j] * k2p56 : 0.0f, f1 = v1 ? s1[j] * k2p56 : 0.0f;
           const uint32_t pb = ptx::smem_addr(s.p[c][j]);
 #pragma unroll
@@ -724,14 +791,19 @@ struct SwabConsumer {
         if (g == 0) s.red_l[c][warp][8 * i + 2 * t + e] = l;
         if (c == 1 && warp == 0 && g == 0) s.fin_m[8 * i + 2 * t + e] = m_run[i][e];
       }
-    // Consumer 1's O^T to the (now idle: every tile's rows have landed and been read) stages.
+    // Consumer 1's O^T to its own stages (now idle: every one of its tiles' rows has landed and been
+    // read by it), so no warpgroup writes what the other read (docs/perf-history.md#s12-swapab-diet).
     bar_sync(Bar::kConsumers, kConsumerThreads);
-    float* ob = reinterpret_cast<float*>(s.kv);
+    // ob(mt)[i * 128 + wt]: m-tile mt's register i; m-tiles 0-3 and 4-7 in the two halves
+    auto ob = [&](int mt) {
+      uint8_t* half = Cfg::kObOneStage ? s.kv[1] + (mt >> 2) * Cfg::kObHalfBytes : s.kv[1 + 2 * (mt >> 2)];
+      return reinterpret_cast<float*>(half) + (mt & 3) * kNH * 128;
+    };
     if (c == 1) {
 #pragma unroll
       for (int mt = 0; mt < 8; ++mt)
 #pragma unroll
-        for (int i = 0; i < kNH; ++i) ob[(mt * kNH + i) * 128 + wt] = o[mt][i];
+        for (int i = 0; i < kNH; ++i) ob(mt)[i * 128 + wt] = o[mt][i];
     }
     bar_sync(Bar::kConsumers, kConsumerThreads);
     if (c == 1) return;
@@ -758,13 +830,12 @@ struct SwabConsumer {
 #pragma unroll
           for (int k = 0; k < 2; ++k) {
             const int idx = 4 * i + 2 * k + e;
-            o[mt][idx] = (o[mt][idx] * fa + ob[(mt * kNH + idx) * 128 + wt] * fb) * sc;
+            o[mt][idx] = (o[mt][idx] * fa + ob(mt)[idx * 128 + wt] * fb) * sc;
           }
         lse[i][e] = l > 0.0f ? (m + log2f(l)) * kLn2 : -INFINITY;
       }
-    // Lane (w, g, t): dims 128 j + 4 (8 w + g) + {0, 1, 2, 3} of head 8 i + 2 t + e =
+    // Lane (w, g, t): dims dim0(j, w, g) + {0, 1, 2, 3} of head 8 i + 2 t + e =
     // o[2j][4i + e], o[2j][4i + 2 + e], o[2j + 1][4i + e], o[2j + 1][4i + 2 + e].
-    const int dcol = 4 * (8 * warp + g);
 #pragma unroll
     for (int i = 0; i < kNB; ++i)
 #pragma unroll
@@ -778,7 +849,7 @@ struct SwabConsumer {
           for (int j = 0; j < 4; ++j) {
             const uint32_t lo = ptx::Bf16::pack(o[2 * j][4 * i + e], o[2 * j][4 * i + 2 + e]);
             const uint32_t hi = ptx::Bf16::pack(o[2 * j + 1][4 * i + e], o[2 * j + 1][4 * i + 2 + e]);
-            uint16_t* d = out + 128 * j + dcol;
+            uint16_t* d = out + dim0(j, warp, g);
             if (vec) {
               *reinterpret_cast<uint2*>(d) = make_uint2(lo, hi);
             } else {
@@ -794,7 +865,7 @@ struct SwabConsumer {
           for (int j = 0; j < 4; ++j) {
             const uint32_t lo = ptx::Bf16::pack(o[2 * j][4 * i + e], o[2 * j][4 * i + 2 + e]);
             const uint32_t hi = ptx::Bf16::pack(o[2 * j + 1][4 * i + e], o[2 * j + 1][4 * i + 2 + e]);
-            *reinterpret_cast<uint2*>(po + 128 * j + dcol) = make_uint2(lo, hi);
+            *reinterpret_cast<uint2*>(po + dim0(j, warp, g)) = make_uint2(lo, hi);
           }
           if (warp == 0 && g == 0) p.part_lse[part] = lse[i][e];
         }
@@ -833,7 +904,11 @@ __global__ void __launch_bounds__(SwabConfig<kN, kF>::kThreads, 1) sparse_mla_sw
   swab_load_q<kN, kF>(p, s, w, threadIdx.x);
   ptx::fence_proxy_async_smem();
   bar_sync(Bar::kConsumers, kConsumerThreads);
-  SwabConsumer<kN, kDiag, kF, kEarly>::run(p, s, w, wg, wt);
+  // The consumer index from a shuffle of lane 0's: the compiler then knows it is warp-uniform and keeps
+  // what derives from it (the P^T descriptors of P V) in uniform registers, not one R2UR pair per wgmma
+  // (docs/perf-history.md#s12-swapab-diet).
+  const int c = __shfl_sync(0xffffffffu, wg, 0);
+  SwabConsumer<kN, kDiag, kF, kEarly>::run(p, s, w, c, wt);
 }
 
 template <int kN, int kDiag, KvFormat kF, bool kEarly = false>

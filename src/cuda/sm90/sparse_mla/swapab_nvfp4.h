@@ -41,13 +41,16 @@ SMLA_HD constexpr int k_rope(int t) { return kRopeOffset + 16 * t; }
 // k-step ks (0..35; chunk ks / 4, 8 = RoPE): swab::dim_of's permutation (checked against it in swapab.cuh).
 SMLA_HD constexpr int k_dim(int ks, int t, int r, int e) { return 64 * (ks >> 2) + 16 * t + 4 * (ks & 3) + 2 * r + e; }
 
-// O^T = V^T P^T (swapab's V mapping): lane (w, g) of a warpgroup holds dims 128 j + 4 (8 w + g) + 0..3 of
-// each row it reads: two bytes per row and tile j, in block 8 j + 2 w + g / 4, whose scale is byte
-// v_scale_byte(w, j) of the 8-byte group at v_scales(w, g).
-SMLA_HD constexpr int v_bytes(int j, int w, int g) { return 64 * j + 2 * (8 * w + g); }
-SMLA_HD constexpr int v_scales(int w, int g) { return kScaleOffset + 8 * ((2 * w + (g >> 2)) & 3); }
-SMLA_HD constexpr int v_scale_byte(int w, int j) { return (w >> 1) + 2 * j; }
-SMLA_HD constexpr int v_dim(int j, int w, int g, int d) { return 128 * j + 4 * (8 * w + g) + d; }
+// O^T = V^T P^T (swapab's V mapping for nvfp4_ds_mla, one P^T for every m-tile): lane (w, g) of a
+// warpgroup holds block v_block(w, g) = 8 w + g of each row it reads, dims 16 (8 w + g) + 4 j + 0..3 for
+// m-tiles 2 j, 2 j + 1 (j = 0..3): its 8 bytes at v_bytes(w, g) (one 8-byte load; j's are bytes 2 (j % 2),
+// 2 (j % 2) + 1 of word j / 2) and its one scale byte at v_scale_off(w, g) (docs/perf-history.md#s12-swapab-diet).
+SMLA_HD constexpr int v_block(int w, int g) { return 8 * w + g; }
+SMLA_HD constexpr int v_bytes(int w, int g) { return 8 * v_block(w, g); }
+SMLA_HD constexpr int v_scale_off(int w, int g) {
+  return kScaleOffset + 8 * (v_block(w, g) & 3) + (v_block(w, g) >> 2);
+}
+SMLA_HD constexpr int v_dim(int j, int w, int g, int d) { return 16 * v_block(w, g) + 4 * j + d; }
 
 // ---- bit manipulation.
 // prmt.b32 (default mode): byte n of the result is byte i = (sel >> 4n) & 7 of {b:a} (a = bytes 0-3), or,
@@ -128,23 +131,17 @@ SMLA_HD void k_rope_regs(const uint32_t (&u)[4], uint32_t (&r)[4][2]) {
   }
 }
 
-// O^T: the selector of tile j's scale in the 32-bit word (j / 2) of a row's 8 scale bytes at
-// v_scales(w, g), for two rows (a: low halves, b: high halves). Depends on w and the parity of j only.
-SMLA_HD uint32_t v_scale_sel(int w, int j) {
-  const uint32_t i = uint32_t(v_scale_byte(w, j) & 3);
-  return sel2(i, 4u + i);
-}
-// O^T: the scale pair (row a, row b) of tile j: sa / sb = word j / 2 of each row's scale group.
-SMLA_HD uint32_t v_scale(uint32_t sa, uint32_t sb, uint32_t sel) { return scale2(sa, sb, sel); }
-// O^T: two rows' bytes of tile j (va, vb: the 2 bytes at v_bytes(j, w, g) in bits 0-15) and their scale
-// pair -> r[d] = dim v_dim(j, w, g, d) of rows (a, b): a[2 j + d / 2][d % 2] (rows 2t, 2t + 1) or
-// [2 + d % 2] (rows 2t + 8, 2t + 9).
-SMLA_HD void v_pair(uint32_t va, uint32_t vb, uint32_t sc, uint32_t (&r)[4]) {
-  const uint32_t la = va << 4, lb = vb << 4;
-  r[0] = mul_bf16x2(e2m1x2_bits(la, lb, sel2(0, 4)), sc);
-  r[1] = mul_bf16x2(e2m1x2_bits(va, vb, sel2(0, 4)), sc);
-  r[2] = mul_bf16x2(e2m1x2_bits(la, lb, sel2(1, 5)), sc);
-  r[3] = mul_bf16x2(e2m1x2_bits(va, vb, sel2(1, 5)), sc);
+// O^T: the scale pair (row a, row b) of the lane's block: sa / sb = each row's scale byte (bits 0-7).
+SMLA_HD uint32_t v_scale(uint32_t sa, uint32_t sb) { return scale2(sa, sb, sel2(0, 4)); }
+// O^T: two rows' words j / 2 of their 8 bytes at v_bytes (wa, wb) and their scale pair -> r[d] = dim
+// v_dim(j, w, g, d) of rows (a, b): a[2 j + d / 2][d % 2] (rows 2t, 2t + 1) or [2 + d % 2] (rows 2t + 8,
+// 2t + 9). (wa << 4 is shared by the two j of a word.)
+SMLA_HD void v_pair(uint32_t wa, uint32_t wb, int j, uint32_t sc, uint32_t (&r)[4]) {
+  const uint32_t la = wa << 4, lb = wb << 4, k = 2u * uint32_t(j & 1);
+  r[0] = mul_bf16x2(e2m1x2_bits(la, lb, sel2(k, 4 + k)), sc);
+  r[1] = mul_bf16x2(e2m1x2_bits(wa, wb, sel2(k, 4 + k)), sc);
+  r[2] = mul_bf16x2(e2m1x2_bits(la, lb, sel2(k + 1, 5 + k)), sc);
+  r[3] = mul_bf16x2(e2m1x2_bits(wa, wb, sel2(k + 1, 5 + k)), sc);
 }
 
 #if defined(__CUDACC__)
@@ -152,9 +149,9 @@ SMLA_HD void v_pair(uint32_t va, uint32_t vb, uint32_t sc, uint32_t (&r)[4]) {
 __device__ __forceinline__ void lds64(uint32_t (&v)[2], uint32_t addr) {
   asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];\n" : "=r"(v[0]), "=r"(v[1]) : "r"(addr));
 }
-__device__ __forceinline__ uint32_t lds16(uint32_t addr) {  // zero-extended
-  uint16_t v;
-  asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(v) : "r"(addr));
+__device__ __forceinline__ uint32_t lds8(uint32_t addr) {  // zero-extended
+  uint32_t v;
+  asm volatile("ld.shared.u8 %0, [%1];\n" : "=r"(v) : "r"(addr));
   return v;
 }
 #endif
