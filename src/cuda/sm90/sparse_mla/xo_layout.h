@@ -49,9 +49,9 @@ SMLA_HD constexpr int copy_dst(int h, int rank, int rl, int k) {
   return k < 16 ? stage_latent(h, rank, rl) + 16 * k : stage_scales(h, rank, rl);
 }
 // The register-staged mode (SMLA_SM90_XO_REGS=1, docs/perf-history.md s12-flashmla-h128): no staging
-// at all. Converter thread c loads, straight from the stored row into registers, the 8 e4m3 bytes of
-// bf16 chunk c of dim block blk (4h .. 4h + 3): stored bytes reg_src(blk, c), the same bytes
-// stage_chunk holds in the staged mode; and with one 8-byte load the two fp32 tile scales of half h
+// at all. Producer thread c (the converter in that mode) loads, straight from the stored row into
+// registers, the 8 e4m3 bytes of bf16 chunk c of dim block blk (4h .. 4h + 3): stored bytes
+// reg_src(blk, c), the same bytes stage_chunk holds in the staged mode; and with one 8-byte load the two fp32 tile scales of half h
 // (dims 256 h .. 256 h + 255 span tiles 2h and 2h + 1): stored bytes reg_scales_src(h, scale_offset),
 // scale of block blk at + 4 * (blk / 2 - 2h).
 SMLA_HD constexpr int reg_src(int blk, int c) { return 64 * blk + 8 * c; }
