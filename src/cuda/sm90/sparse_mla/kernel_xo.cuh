@@ -186,7 +186,7 @@ __device__ __forceinline__ void ws_convert_xo(XoSmem& x, int wt, int tile, uint3
 // besides its copies' addresses (104; 96 spilled 16 bytes).
 struct XrRegs {
   static constexpr int kScorer = WsConfig::kScorerRegs;
-  static constexpr int kConsumer = 168;
+  static constexpr int kConsumer = WsConfig::kLaunchRegs;  // 168
   static constexpr int kProducer = 104;
 };
 static_assert(XrRegs::kScorer + XrRegs::kConsumer + XrRegs::kProducer ==
@@ -405,8 +405,8 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(WsConfig::kThreads, 
     ptx::setmaxnreg_inc<Cfg::kScorerRegs>();
     ws_consume<Elem, kFormat, 0, false>(p, s, w, wt);
   } else {
-    if constexpr (kRegs) ptx::setmaxnreg_dec<XrRegs::kConsumer>();
-    else ptx::setmaxnreg_inc<Cfg::kConsumerRegs>();
+    // (kRegs: consumer 1 keeps the launch allocation, XrRegs::kConsumer; no setmaxnreg)
+    if constexpr (!kRegs) ptx::setmaxnreg_inc<Cfg::kConsumerRegs>();
     ws_consume_xo<Elem, kFormat, kRegs>(p, x, w, wt, rank);
   }
   ptx::cluster_sync();  // neither block exits while the other may still access its shared memory
