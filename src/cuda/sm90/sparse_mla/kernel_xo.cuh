@@ -17,7 +17,9 @@
 //                for it before writing into the peer.
 // A converter writes into the peer's buffer only after that (xempty), and into its own once its raw
 // rows landed (its producer waited for empty first); its raw staging lies in its own rows of the
-// half, which the peer never writes.
+// half, which the peer never writes. Both blocks run the same tiles, so every remote write and
+// arrival is awaited by the receiving block before it can finish; a cluster barrier after the
+// barrier init and one before exit bracket every DSMEM access anyway.
 //
 // Register-staged mode (kRegs: SMLA_SM90_XO_REGS=1 with the crossover on; docs/perf-history.md
 // s12-flashmla-h128), FlashMLA's division of labour: no raw byte passes through shared memory and
@@ -27,9 +29,7 @@
 // the bf16 chunks here and into the peer, gathers the half's bf16 RoPE (half 1) by cp.async and arrives
 // on full; consumer 1 runs the bf16 P V loop. full[b][1] then counts 256 arrivals (the producer
 // threads' conversion and their RoPE copies landing). Registers 232 / 168 / 104 (XrRegs). The same
-// bytes reach the same conversion and the same wgmma order: the same bits. Both blocks run the same tiles, so every remote write and
-// arrival is awaited by the receiving block before it can finish; a cluster barrier after the
-// barrier init and one before exit bracket every DSMEM access anyway.
+// bytes reach the same conversion and the same wgmma order: the same bits.
 #pragma once
 
 #include <cuda_runtime.h>
