@@ -207,8 +207,6 @@ __device__ __forceinline__ void cp_async_16_zfill_l2(uint32_t dst, const void* s
 __device__ __forceinline__ void ld_global_nc_v2(uint32_t& lo, uint32_t& hi, const void* src) {
   asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];\n" : "=r"(lo), "=r"(hi) : "l"(src));
 }
-// Brings the line holding `p` into L1 (no register, no wait): a later load of it hits L1.
-__device__ __forceinline__ void prefetch_l1(const void* p) { asm volatile("prefetch.global.L1 [%0];\n" ::"l"(p)); }
 // ---- thread-block clusters (the crossover kernel, kernel_xo.cuh): distributed shared memory.
 __device__ __forceinline__ uint32_t cluster_ctarank() {
   uint32_t r;
