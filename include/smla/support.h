@@ -86,7 +86,7 @@ inline constexpr CudaVariant kCudaVariants[] = {
     {"h128.xo", ScorePrecision::kBF16,
      "h64.ws for fp8_ds_mla at 64 < H <= 128 as a cluster of a token's two 64-head blocks, each dequantizing half "
      "of every tile into both blocks' shared memory (FlashMLA's crossover): the same bits as h64.ws. Opt-in: "
-     "SMLA_SM90_CROSSOVER=1",
+     "SMLA_SM90_CROSSOVER=1 (with SMLA_SM90_XO_REGS=1 the producer converts rows loaded into its registers)",
      supports_sm90_xo, split_workspace_bytes},
     {"h64.ws", ScorePrecision::kBF16,
      "warp-specialized wgmma kernel, 64-head groups (heads past H zero-padded); quantized rows dequantized to "
@@ -119,7 +119,8 @@ bool swapab_e4m3_enabled();
 bool swapab_nvfp4_enabled();
 
 // The crossover variant h128.xo (fp8_ds_mla, bf16 scores, 64 < H <= 128): opt-in, SMLA_SM90_CROSSOVER=1,
-// read once per process (docs/perf-history.md s12-crossover: not measured yet).
+// read once per process (docs/perf-history.md s12-crossover: not measured yet). Its register-staged mode
+// (SMLA_SM90_XO_REGS=1, s12-flashmla-h128) is the launcher's choice of kernel, not a variant of its own.
 bool crossover_enabled();
 
 // The variant that runs g on dev: the first that supports it; nullptr when none does

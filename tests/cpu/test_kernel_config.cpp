@@ -132,6 +132,68 @@ TEST(KernelConfig, CrossoverDataPathRebuildsEveryRow) {
   EXPECT_EQ(bad, 0) << "bf16 chunks differing from dequant_chunk";
 }
 
+// The register-staged mode of h128.xo (SMLA_SM90_XO_REGS=1): each converter thread loads, straight from
+// the stored row, the 8 e4m3 bytes of its chunk (xo::reg_src) and the half's two tile scales
+// (reg_scales_src, slot reg_scale_slot); a masked row gives zeros. Those must be the bytes the staged
+// mode reads from its staging (stage_chunk, stage_scale_of), so every bf16 chunk is the row's
+// dequant_chunk, in both modes, over every rank, half, row, block and chunk.
+TEST(KernelConfig, CrossoverRegisterPathReadsTheStagedBytes) {
+  constexpr int kBuf = k::WsConfig::kDimBlocks * k::WsConfig::kBlockBytes;
+  const smla::RowLayout L = smla::row_layout(smla::KvFormat::kFP8DsMla);
+  std::mt19937_64 rng(777);
+  std::vector<std::vector<uint8_t>> rows(k::kBlockK, std::vector<uint8_t>(size_t(L.bytes)));
+  for (int r = 0; r < k::kBlockK; ++r) {
+    for (auto& b : rows[r]) b = uint8_t(rng());
+    for (int i = 0; i < L.bytes; ++i)
+      if ((rows[r][i] & 0x7f) == 0x7f) rows[r][i] ^= 1;  // no NaN e4m3
+    for (int i = 0; i < L.num_scales; ++i) {
+      const float sc = std::ldexp(1.0f + float(rng() % 1000) / 1000.0f, int(rng() % 20) - 10);
+      std::memcpy(rows[r].data() + L.scale_offset + 4 * i, &sc, 4);
+    }
+  }
+  const int masked = 41;  // a masked entry: zeros in both modes
+  std::vector<uint8_t> zero(size_t(L.bytes), 0);
+  std::vector<uint8_t> buf(kBuf, 0xAB);  // the staged mode's staging, filled as its producer copies
+  int64_t bad = 0, checked = 0;
+  for (int rank = 0; rank < 2; ++rank)
+    for (int h = 0; h < 2; ++h) {
+      for (int rl = 0; rl < k::xo::kRows; ++rl) {
+        const int r = k::xo::row_of(rank, rl);
+        const std::vector<uint8_t>& row = r == masked ? zero : rows[r];
+        for (int c = 0; c < k::xo::kStageCopies; ++c)
+          std::memcpy(&buf[k::xo::copy_dst(h, rank, rl, c)], row.data() + k::xo::copy_src(h, c, L.scale_offset), 16);
+      }
+      for (int rl = 0; rl < k::xo::kRows; ++rl) {
+        const int r = k::xo::row_of(rank, rl);
+        const bool ok = r != masked;
+        float sc2[2] = {0.0f, 0.0f};  // the register path's 8-byte scale load
+        if (ok) std::memcpy(sc2, rows[r].data() + k::xo::reg_scales_src(h, L.scale_offset), 8);
+        for (int blk = 4 * h; blk < 4 * h + 4; ++blk)
+          for (int c = 0; c < 8; ++c) {
+            uint32_t lo = 0, hi = 0;
+            if (ok) {
+              lo = k::dq::ld_u32(rows[r].data() + k::xo::reg_src(blk, c));
+              hi = k::dq::ld_u32(rows[r].data() + k::xo::reg_src(blk, c) + 4);
+            }
+            const int slot = k::xo::reg_scale_slot(h, blk);
+            ASSERT_TRUE(slot == 0 || slot == 1);
+            const k::dq::Chunk reg = k::dq::e4m3x8_scaled(lo, hi, sc2[slot]);
+            const uint8_t* b = buf.data();
+            const uint32_t slo = k::dq::ld_u32(b + k::xo::stage_chunk(h, rank, rl, blk, c));
+            const uint32_t shi = k::dq::ld_u32(b + k::xo::stage_chunk(h, rank, rl, blk, c) + 4);
+            const float ssc = smla::num::bits_f32(k::dq::ld_u32(b + k::xo::stage_scale_of(h, rank, rl, blk)));
+            bad += lo != slo || hi != shi || std::memcmp(&sc2[slot], &ssc, 4) != 0;
+            const k::dq::Chunk want =
+                ok ? k::dq::dequant_chunk<smla::KvFormat::kFP8DsMla>(rows[r].data(), blk * 8 + c) : k::dq::Chunk{};
+            bad += std::memcmp(reg.w, want.w, 16) != 0;
+            ++checked;
+          }
+      }
+    }
+  EXPECT_EQ(checked, 2 * 2 * k::xo::kRows * 4 * 8);
+  EXPECT_EQ(bad, 0) << "register-path bytes or chunks differing from the staged path / dequant_chunk";
+}
+
 namespace {
 
 template <typename T>

@@ -6,6 +6,10 @@
 // h64.ws to that head-group independence (it says which variant ran). Also: a CUDA graph replays the
 // crossover launch bit for bit. The reference comparisons of every fp8_ds_mla case (counts, sink,
 // LSE, masking, splits) are test_sparse_mla_quant.cpp's, run with the switch set.
+// h128.xo's register-staged mode (SMLA_SM90_XO_REGS=1, docs/perf-history.md s12-flashmla-h128: raw rows
+// loaded into the producer's registers and converted there) converts the same bytes in the same way:
+// RegisterStagedSameBitsAsStaged holds its output and LSE to the staged mode's bit for bit in one
+// process (set_xo_regs_for_testing); SameBitsAsTwo64HeadCalls runs whichever mode the environment picks.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -17,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/sm90/sparse_mla/config.h"
 #include "devtools/testing.h"
 #include "smla/cuda.h"
 #include "smla/support.h"
@@ -112,8 +117,9 @@ TEST_P(SparseMlaCrossover, SameBitsAsTwo64HeadCalls) {
   const smla::CudaVariant* variant = smla::cuda_variant_for(smla::geometry_of(p), smla::cuda::device_info(0));
   ASSERT_NE(variant, nullptr);
   EXPECT_STREQ(variant->name, smla::crossover_enabled() ? "h128.xo" : "h64.ws");
-  std::printf("[ xo       ] %s runs %s (SMLA_SM90_CROSSOVER %s)\n", c.name.c_str(), variant->name,
-              smla::crossover_enabled() ? "on" : "off: h64.ws against itself");
+  std::printf("[ xo       ] %s runs %s (SMLA_SM90_CROSSOVER %s, SMLA_SM90_XO_REGS %d)\n", c.name.c_str(), variant->name,
+              smla::crossover_enabled() ? "on" : "off: h64.ws against itself",
+              smla::cuda::sm90::sparse_mla::xo_regs_mode());
 
   Dev dq(hp.q.data(), hp.q.size()), dkv(hp.kv.data(), hp.kv.size()), didx(hp.idx.data(), hp.idx.size() * 4),
       dcounts(hp.counts.data(), hp.counts.size() * 4), dsink(hp.sink.data(), hp.sink.size() * 4),
@@ -192,6 +198,58 @@ TEST_P(SparseMlaCrossover, SameBitsAsTwo64HeadCalls) {
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(st);
+  cuda_ok(cudaGetLastError(), "last error");
+}
+
+// Restores the environment's choice of h128.xo's mode however the test ends.
+struct XoRegsGuard {
+  ~XoRegsGuard() { smla::cuda::sm90::sparse_mla::set_xo_regs_for_testing(-1); }
+};
+
+TEST_P(SparseMlaCrossover, RegisterStagedSameBitsAsStaged) {
+  REQUIRE_GPU();
+  if (!smla::crossover_enabled()) GTEST_SKIP() << "h128.xo is opt-in: run with SMLA_SM90_CROSSOVER=1 to compare its modes";
+  XoRegsGuard guard;
+  const XoCase& c = GetParam();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(c.name + " seed " + std::to_string(seed));
+  auto hp = smla::testing::make_problem(c.spec, seed);
+  smla::SparseMlaParams p = hp.params;
+  p.score_precision = c.score;
+  const smla::CudaVariant* variant = smla::cuda_variant_for(smla::geometry_of(p), smla::cuda::device_info(0));
+  ASSERT_NE(variant, nullptr);
+  ASSERT_STREQ(variant->name, "h128.xo");
+  Dev dq(hp.q.data(), hp.q.size()), dkv(hp.kv.data(), hp.kv.size()), didx(hp.idx.data(), hp.idx.size() * 4),
+      dcounts(hp.counts.data(), hp.counts.size() * 4), dsink(hp.sink.data(), hp.sink.size() * 4),
+      dout(nullptr, hp.out.size()), dlse(nullptr, hp.lse.size() * 4);
+  ASSERT_NE(dq.ptr, nullptr);
+  ASSERT_NE(dout.ptr, nullptr);
+  p.q = dq.ptr, p.kv = dkv.ptr, p.idx = didx.as<const int32_t>();
+  p.counts = hp.counts.empty() ? nullptr : dcounts.as<const int32_t>();
+  p.sink = hp.sink.empty() ? nullptr : dsink.as<const float>();
+  p.out = dout.ptr, p.lse = p.lse != nullptr ? dlse.as<float>() : nullptr;
+  const int sms = smla::cuda::device_info(0).num_sms;
+  const int splits = c.splits > 0 ? c.splits : smla::cuda::sparse_mla_auto_splits(p, sms);
+  const size_t wsb = smla::cuda::sparse_mla_workspace_bytes(p, sms, splits);
+  Dev dws(nullptr, wsb);
+  std::vector<uint8_t> out[2];
+  std::vector<float> lse[2];
+  for (int mode = 0; mode < 2; ++mode) {
+    smla::cuda::sm90::sparse_mla::set_xo_regs_for_testing(mode);
+    cuda_ok(cudaMemset(dout.ptr, 0xff, dout.bytes), "poison out");
+    if (dlse.ptr != nullptr) cuda_ok(cudaMemset(dlse.ptr, 0xff, dlse.bytes), "poison lse");
+    smla::cuda::sparse_mla(p, dws.ptr, wsb, nullptr, splits);
+    cuda_ok(cudaDeviceSynchronize(), mode ? "register-staged run" : "staged run");
+    out[mode].resize(dout.bytes), lse[mode].resize(hp.lse.size());
+    cudaMemcpy(out[mode].data(), dout.ptr, dout.bytes, cudaMemcpyDeviceToHost);
+    if (!lse[mode].empty()) cudaMemcpy(lse[mode].data(), dlse.ptr, dlse.bytes, cudaMemcpyDeviceToHost);
+  }
+  int64_t diff_out = 0, diff_lse = 0;
+  for (size_t i = 0; i < out[0].size(); i += 2) diff_out += std::memcmp(&out[0][i], &out[1][i], 2) != 0;
+  for (size_t i = 0; i < lse[0].size(); ++i) diff_lse += std::memcmp(&lse[0][i], &lse[1][i], 4) != 0;
+  EXPECT_EQ(diff_out, 0) << "output elements of the register-staged mode differing from the staged one (of "
+                         << out[0].size() / 2 << ")";
+  EXPECT_EQ(diff_lse, 0) << "LSE values differing between the two modes";
   cuda_ok(cudaGetLastError(), "last error");
 }
 

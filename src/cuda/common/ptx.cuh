@@ -201,6 +201,12 @@ __device__ __forceinline__ void cp_async_16_zfill_l2(uint32_t dst, const void* s
       "l"(src), "r"(valid ? 16 : 0), "r"(int(fetch_128))
       : "memory");
 }
+// 8 bytes of read-only global memory into two registers, not allocated in L1 (rows read once per
+// block). Volatile: it stays where it is written, so a load issued a tile ahead stays ahead (the
+// thread only waits for it where the registers are first read).
+__device__ __forceinline__ void ld_global_nc_v2(uint32_t& lo, uint32_t& hi, const void* src) {
+  asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];\n" : "=r"(lo), "=r"(hi) : "l"(src));
+}
 // ---- thread-block clusters (the crossover kernel, kernel_xo.cuh): distributed shared memory.
 __device__ __forceinline__ uint32_t cluster_ctarank() {
   uint32_t r;

@@ -210,4 +210,12 @@ inline int head_groups_for(int num_heads) { return (num_heads + 63) / 64; }
 int swapab_hold_mode();
 void set_swapab_hold_for_testing(int mode);
 
+// h128.xo's register-staged mode (docs/perf-history.md#s12-flashmla-h128): 0 the staged crossover (raw
+// rows through shared memory, the default), 1 raw rows loaded by the converter straight into registers
+// (the same bits). SMLA_SM90_XO_REGS=1 selects 1 (read once per process; it matters only where h128.xo
+// runs, i.e. with SMLA_SM90_CROSSOVER=1); set_xo_regs_for_testing(mode) overrides it for the launches
+// that follow (-1: back to the environment's choice). (launcher.cu)
+int xo_regs_mode();
+void set_xo_regs_for_testing(int mode);
+
 }  // namespace smla::cuda::sm90::sparse_mla

@@ -142,6 +142,18 @@ int swapab_hold_mode() {
   return o >= 0 ? o : env;
 }
 void set_swapab_hold_for_testing(int mode) { hold_override.store(mode, std::memory_order_relaxed); }
+namespace {
+std::atomic<int> xo_regs_override{-1};
+}  // namespace
+int xo_regs_mode() {
+  static const int env = [] {
+    const char* e = std::getenv("SMLA_SM90_XO_REGS");
+    return e != nullptr && std::string(e) == "1" ? 1 : 0;
+  }();
+  const int o = xo_regs_override.load(std::memory_order_relaxed);
+  return o >= 0 ? o : env;
+}
+void set_xo_regs_for_testing(int mode) { xo_regs_override.store(mode, std::memory_order_relaxed); }
 }  // namespace sm90::sparse_mla
 
 int sparse_mla_auto_splits(const SparseMlaParams& p, int num_sms) { return num_splits_for(p, num_sms); }

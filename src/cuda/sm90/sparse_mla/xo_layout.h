@@ -48,6 +48,15 @@ SMLA_HD constexpr int copy_src(int h, int k, int scale_offset) { return k < 16 ?
 SMLA_HD constexpr int copy_dst(int h, int rank, int rl, int k) {
   return k < 16 ? stage_latent(h, rank, rl) + 16 * k : stage_scales(h, rank, rl);
 }
+// The register-staged mode (SMLA_SM90_XO_REGS=1, docs/perf-history.md s12-flashmla-h128): no staging
+// at all. Producer thread c (the converter in that mode) loads, straight from the stored row into
+// registers, the 8 e4m3 bytes of bf16 chunk c of dim block blk (4h .. 4h + 3): stored bytes
+// reg_src(blk, c), the same bytes stage_chunk holds in the staged mode; and with one 8-byte load the two fp32 tile scales of half h
+// (dims 256 h .. 256 h + 255 span tiles 2h and 2h + 1): stored bytes reg_scales_src(h, scale_offset),
+// scale of block blk at + 4 * (blk / 2 - 2h).
+SMLA_HD constexpr int reg_src(int blk, int c) { return 64 * blk + 8 * c; }
+SMLA_HD constexpr int reg_scales_src(int h, int scale_offset) { return scale_offset + 8 * h; }
+SMLA_HD constexpr int reg_scale_slot(int h, int blk) { return blk / 2 - 2 * h; }
 // Byte offset of bf16 chunk c of dim block blk of tile row r (the 128-byte swizzle of the wgmma operands).
 SMLA_HD constexpr int bf16_chunk(int r, int blk, int c) {
   return blk * WsConfig::kBlockBytes + r * WsConfig::kAtomBytes + ((c ^ (r & 7)) << 4);
