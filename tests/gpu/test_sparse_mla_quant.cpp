@@ -374,6 +374,11 @@ std::vector<Case> cases() {
         s.lse_mode = LseMode::kBase2;
         add(f, "T200_H8_K1024_lse2", s);
       }
+    } else {  // fp8_e4m3 at H <= 16 runs swapab by default (s12): its invalid / duplicate / out-of-range
+              // indices there, the memcheck case of docs/perf-history.md#s12-swapab-diet
+      auto s = base(f, 5, 16, 500);
+      s.invalid_fraction = 0.6, s.num_rows = 50;
+      add(f, "T5_H16_invalid_duplicates", s);
     }
     if (f != KvFormat::kNvFP4DsMla) {  // swapab's 16-head blocks (SMLA_SM90_SWAPAB_HGROUPS=1; else h64.ws):
       // H not a multiple of 16 (the tail heads masked), sink in the kernel and in the merge, counts
@@ -727,7 +732,10 @@ TEST(SwapAbHeadGroups, SameBitsAsSixteenHeadCalls) {
   };
   std::vector<Shape> shapes = {{300, 32, 256, 1}, {3, 20, 2048, 4}, {1, 31, 2048, 8}, {130, 17, 200, 1}};
   if (smla::swapab_max_heads() >= 64) shapes.push_back({4, 64, 500, 2}), shapes.push_back({2, 48, 2048, 3});
-  for (KvFormat f : swapab_formats())
+  // nvfp4_ds_mla too when both switches are on (its 8 smaller stages and its V layout under head groups)
+  std::vector<KvFormat> formats = swapab_formats();
+  if (smla::swapab_nvfp4_enabled()) formats.push_back(KvFormat::kNvFP4DsMla);
+  for (KvFormat f : formats)
     for (const Shape& sh : shapes) {
       auto spec = base(f, sh.T, sh.H, sh.K);
       spec.sink = true, spec.use_counts = sh.T > 100;
