@@ -397,8 +397,9 @@ TEST(SparseMlaSm90Routing, Variants) {
                            : H > 64 && smla::crossover_enabled() ? "h128.xo"
                                                                  : "h64.ws";
     EXPECT_EQ(variant(KvFormat::kFP8DsMla, H, DType::kBF16), ds) << H;
-    // nvfp4_ds_mla rows: the swap-AB kernel only with SMLA_SM90_SWAPAB_NVFP4=1 (opt-in)
-    const std::string nv = H <= 16 && smla::swapab_enabled() && smla::swapab_nvfp4_enabled() ? "swapab" : "h64.ws";
+    // nvfp4_ds_mla rows: the swap-AB kernel only with SMLA_SM90_SWAPAB_NVFP4=1 (opt-in; with the head groups
+    // too: supports_sm90_swapab's H limit is swapab_max_heads() for every format)
+    const std::string nv = H <= hmax && smla::swapab_enabled() && smla::swapab_nvfp4_enabled() ? "swapab" : "h64.ws";
     EXPECT_EQ(variant(KvFormat::kNvFP4DsMla, H, DType::kBF16), nv) << H;
     EXPECT_EQ(variant(KvFormat::kNvFP4DsMla, H, DType::kBF16, smla::ScorePrecision::kBF16), nv) << H;
     // A 16-bit q: auto and an explicit bf16 are the same path.
