@@ -101,7 +101,9 @@ TEST(Plan, ScorePrecisionIsComparedResolved) {
   for (bool e4m3 : {true, false}) {
     smla::testing::ProblemSpec s;
     s.num_tokens = 2;
-    if (e4m3) s.format = KvFormat::kFP8DsMla, s.q_dtype = DType::kE4M3, s.q_scale = 0.1f, s.num_heads = std::max(64, smla::swapab_max_heads() + 1);
+    if (e4m3)
+      s.format = KvFormat::kFP8DsMla, s.q_dtype = DType::kE4M3, s.q_scale = 0.1f,
+      s.num_heads = std::max(64, smla::swapab_max_heads() + 1);
     auto hp = smla::testing::make_problem(s, 5);
     const auto rows = e4m3 ? std::vector<Row>(std::begin(e4m3_rows), std::end(e4m3_rows))
                            : std::vector<Row>(std::begin(bf16_rows), std::end(bf16_rows));

@@ -67,7 +67,7 @@ struct SwabConfig {
   // (an mbarrier's phase parity aliases).
   // nvfp4_ds_mla: 8 stages of 22 KiB (its 352-byte rows; docs/perf-history.md#s12-swapab-nvfp4).
   static constexpr int kStages = kF == KvFormat::kNvFP4DsMla ? 8 : 4;
-  static_assert(kStages % 2 == 0, "tiles alternate between the consumers: an even stage count, each stage one consumer's");
+  static_assert(kStages % 2 == 0, "tiles alternate between the consumers: an even stage count (one consumer a stage)");
   // bytes between rows of a stage: a row (fp8_ds_mla 656, fp8_e4m3 576, nvfp4_ds_mla 352) and a bank
   // spread of 8 words mod 32 (the two rows of an S load 16 banks apart, the four rows of a P V load 8
   // apart; 352 bytes are 88 words, -8 mod 32, as they are)
