@@ -404,7 +404,7 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(WsConfig::kThreads, 
     }
   } else if (wg == 0) {
     ptx::setmaxnreg_inc<Cfg::kScorerRegs>();
-    ws_consume<Elem, kFormat, 0, false>(p, s, w, wt);
+    ws_consume<Elem, kFormat, 0, false, true>(p, s, w, wt);  // (full: cluster-scope acquire, proxy fence)
   } else {
     // (kRegs: consumer 1 keeps the launch allocation, XrRegs::kConsumer; no setmaxnreg)
     if constexpr (!kRegs) ptx::setmaxnreg_inc<Cfg::kConsumerRegs>();
