@@ -227,9 +227,9 @@ __device__ __forceinline__ void cluster_sync() {
 // cluster-scope fence (.release.cta: the form CUTLASS's ClusterBarrier::arrive(cta, pred) emits). For
 // hand-offs that carry no data, only "the reads of this buffer are done" (write-after-read): the reads
 // completed before the arrival was issued, and the peer writes only after it observes it. A
-// .release.cluster arrival compiles to MEMBAR.ALL.GPU + ERRBAR + CGAERRBAR in front of the arrive,
-// which waits until every earlier load and copy of this thread is performed (kernel_xo.cuh's producer
-// has just issued its next tile's loads there: a DRAM round trip per arrival).
+// .release.cluster arrival compiles to MEMBAR.ALL.GPU + ERRBAR + CGAERRBAR in front of the arrive: a
+// GPU-scope release waits until this thread's earlier loads are performed (kernel_xo.cuh's producer has
+// just issued its next tile's loads there: a DRAM round trip per arrival; its cp.async copies perhaps too).
 __device__ __forceinline__ void mbar_arrive_remote(uint32_t remote) {
   asm volatile("mbarrier.arrive.release.cta.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
 }
