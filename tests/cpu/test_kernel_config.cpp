@@ -194,6 +194,40 @@ TEST(KernelConfig, CrossoverRegisterPathReadsTheStagedBytes) {
   EXPECT_EQ(bad, 0) << "register-path bytes or chunks differing from the staged path / dequant_chunk";
 }
 
+// The register-staged mode's global loads (xr_load, kernel_xo.cuh): 8-byte ld.global.nc.v2 from a row
+// that starts 16-byte aligned (the launcher checks kv and its stride), so every offset must be a
+// multiple of 8; each must lie inside the bytes the kernel may read of a row (raw_row_chunks, with and
+// without RoPE: D = 512 rows stop after the scales), the latent ones inside the latent and the scales
+// inside the four tile scales; and the kernel's guard ((offset & ~15) < raw_chunks * 16, which turns
+// a load into zeros) must pass for every one of them, or a valid row would convert as zeros (the
+// staged mode would still copy it: a bit difference between the modes, not a crash).
+TEST(KernelConfig, CrossoverRegisterLoadsAreAlignedAndInsideTheRow) {
+  const smla::RowLayout L = smla::row_layout(smla::KvFormat::kFP8DsMla);
+  for (int rope_dim : {0, 64}) {
+    const int row_bytes = k::raw_row_chunks(smla::KvFormat::kFP8DsMla, rope_dim) * 16;
+    EXPECT_LE(row_bytes, L.bytes);
+    for (int h = 0; h < 2; ++h) {
+      for (int blk = 4 * h; blk < 4 * h + 4; ++blk)
+        for (int c = 0; c < 8; ++c) {
+          const int src = k::xo::reg_src(blk, c);
+          EXPECT_EQ(src % 8, 0) << "blk " << blk << " c " << c;
+          EXPECT_GE(src, 256 * h) << "outside half " << h << "'s latent bytes";
+          EXPECT_LE(src + 8, 256 * (h + 1)) << "outside half " << h << "'s latent bytes";
+          EXPECT_LE(src + 8, L.latent_bytes);
+          EXPECT_LT(src & ~15, row_bytes) << "the kernel's guard would zero a valid row's bytes, D " << 512 + rope_dim;
+        }
+      const int ssrc = k::xo::reg_scales_src(h, L.scale_offset);
+      EXPECT_EQ(ssrc % 8, 0);
+      EXPECT_GE(ssrc, L.scale_offset);
+      EXPECT_LE(ssrc + 8, L.scale_offset + L.num_scales * L.scale_bytes);
+      EXPECT_LE(ssrc + 8, row_bytes) << "D " << 512 + rope_dim;
+      EXPECT_LT(ssrc & ~15, row_bytes) << "the kernel's guard would zero a valid row's scales, D " << 512 + rope_dim;
+      for (int blk = 4 * h; blk < 4 * h + 4; ++blk)  // the two scales loaded are the tiles of the half's blocks
+        EXPECT_EQ(ssrc + 4 * k::xo::reg_scale_slot(h, blk), L.scale_offset + L.scale_bytes * (blk / 2)) << blk;
+    }
+  }
+}
+
 namespace {
 
 template <typename T>

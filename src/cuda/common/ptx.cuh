@@ -223,10 +223,15 @@ __device__ __forceinline__ uint32_t mapa_shared(uint32_t addr, uint32_t rank) {
 __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
-// Arrives on an mbarrier of another CTA of the cluster (`remote`: a mapa_shared address), release
-// at cluster scope.
+// Arrives on an mbarrier of another CTA of the cluster (`remote`: a mapa_shared address), with no
+// cluster-scope fence (.release.cta: the form CUTLASS's ClusterBarrier::arrive(cta, pred) emits). For
+// hand-offs that carry no data, only "the reads of this buffer are done" (write-after-read): the reads
+// completed before the arrival was issued, and the peer writes only after it observes it. A
+// .release.cluster arrival compiles to MEMBAR.ALL.GPU + ERRBAR + CGAERRBAR in front of the arrive: a
+// GPU-scope release waits until this thread's earlier loads are performed (kernel_xo.cuh's producer has
+// just issued its next tile's loads there: a DRAM round trip per arrival; its cp.async copies perhaps too).
 __device__ __forceinline__ void mbar_arrive_remote(uint32_t remote) {
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
+  asm volatile("mbarrier.arrive.release.cta.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
 }
 // Adds `bytes` to the transactions the current phase of this CTA's mbarrier waits for (no arrival).
 __device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {

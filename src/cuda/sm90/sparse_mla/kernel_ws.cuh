@@ -27,8 +27,9 @@
 
 namespace smla::cuda::sm90::sparse_mla {
 
-// Consumer kWg (0: the scorer) of output dims [256 kWg, 256 kWg + 256).
-template <typename Elem, KvFormat kFormat, int kWg, bool kQ8>
+// Consumer kWg (0: the scorer) of output dims [256 kWg, 256 kWg + 256). kPeerRows: the crossover
+// kernel's scorer (issue_scores).
+template <typename Elem, KvFormat kFormat, int kWg, bool kQ8, bool kPeerRows = false>
 __device__ __forceinline__ void ws_consume(const KernelParams& p, WsSmem<kQ8>& s, const WsBlock& w, int wt) {
   const Frag fr(wt);
   load_q<kFormat, kQ8>(p, s, w, kWg * 128 + wt);
@@ -39,7 +40,7 @@ __device__ __forceinline__ void ws_consume(const KernelParams& p, WsSmem<kQ8>& s
   for (int i = 0; i < 128; ++i) acc_o[i] = 0.0f;
   float m_run[2] = {-INFINITY, -INFINITY};  // rows wrow + g, wrow + g + 8 (log2 domain)
   float l_run[2] = {0.0f, 0.0f};            // sums over this warpgroup's columns
-  if constexpr (kWg == 0) score_loop<Elem, kFormat, kQ8>(p, s, w, fr, ptx::smem_addr(s.q), acc_o, m_run, l_run);
+  if constexpr (kWg == 0) score_loop<Elem, kFormat, kQ8, kPeerRows>(p, s, w, fr, ptx::smem_addr(s.q), acc_o, m_run, l_run);
   else if constexpr (kQ8) pv_loop_q8<Elem, kFormat>(s, w, fr, acc_o);
   else pv_loop<Elem, kFormat>(p, s, w, fr, acc_o);
   if (wt == 0) ws_stamp(p, kWg == 0 ? phase::kLoopDone : phase::kLoopDone1);

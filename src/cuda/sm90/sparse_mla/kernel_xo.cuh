@@ -14,7 +14,8 @@
 //   empty[b][h]  this CTA's consumers are done with the half (256 arrivals, as h64.ws)
 //   xempty[b][h] the peer's consumers are done with the peer's copy: one remote arrival from the
 //                peer's producer once the peer's empty[b][h] completed. This CTA's converter waits
-//                for it before writing into the peer.
+//                for it before writing into the peer. It carries no data, only write-after-read
+//                (ptx::mbar_arrive_remote: no cluster-scope fence in the producer's path).
 // A converter writes into the peer's buffer only after that (xempty), and into its own once its raw
 // rows landed (its producer waited for empty first); its raw staging lies in its own rows of the
 // half, which the peer never writes. Both blocks run the same tiles, so every remote write and
@@ -403,7 +404,7 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(WsConfig::kThreads, 
     }
   } else if (wg == 0) {
     ptx::setmaxnreg_inc<Cfg::kScorerRegs>();
-    ws_consume<Elem, kFormat, 0, false>(p, s, w, wt);
+    ws_consume<Elem, kFormat, 0, false, true>(p, s, w, wt);  // (full: cluster-scope acquire, proxy fence)
   } else {
     // (kRegs: consumer 1 keeps the launch allocation, XrRegs::kConsumer; no setmaxnreg)
     if constexpr (!kRegs) ptx::setmaxnreg_inc<Cfg::kConsumerRegs>();
