@@ -41,6 +41,40 @@ TEST(KernelConfig, HeadGroups) {
 // The crossover variant's layout (xo_layout.h): each CTA of the pair stages its 32 rows inside its
 // own rows of the half's blocks, writes exactly its own rows (4 KiB of every latent block) here and
 // in the peer, and never touches what the other CTA stages or writes.
+// SMLA_SM90_NARROW_HEADS's heads per block (docs/perf-history.md#s12-latency-budget): the shapes the
+// section predicts for, then every small call against the rule's statement (one wave, more blocks than
+// 64-head groups, the smallest such of 16 / 32, else 64) and the head coverage the kernel relies on.
+TEST(KernelConfig, NarrowBlockHeads) {
+  EXPECT_EQ(k::narrow_block_heads(1, 128, 32, 132), 32);  // 4 groups x 32 splits = 128 blocks
+  EXPECT_EQ(k::narrow_block_heads(1, 64, 32, 132), 16);   // 4 x 32
+  EXPECT_EQ(k::narrow_block_heads(1, 33, 32, 132), 16);   // 3 x 32
+  EXPECT_EQ(k::narrow_block_heads(1, 96, 32, 132), 32);   // 16-head blocks: 6 x 32 = 192 > 132
+  EXPECT_EQ(k::narrow_block_heads(1, 16, 32, 132), 64);   // one group either way: today's tiling
+  EXPECT_EQ(k::narrow_block_heads(1, 1, 32, 132), 64);
+  EXPECT_EQ(k::narrow_block_heads(1, 128, 16, 132), 16);  // 8 x 16
+  EXPECT_EQ(k::narrow_block_heads(2, 128, 32, 132), 64);  // already 128 blocks
+  EXPECT_EQ(k::narrow_block_heads(32, 128, 2, 132), 64);
+  EXPECT_EQ(k::narrow_block_heads(1, 128, 32, 78), 64);   // a smaller GPU: 128 blocks do not fit
+  EXPECT_EQ(k::narrow_block_heads(0, 128, 32, 132), 64);
+  EXPECT_EQ(k::narrow_block_heads(1, 128, 0, 132), 64);
+  EXPECT_EQ(k::narrow_block_heads(1, 128, 32, 0), 64);
+  for (int sms : {78, 114, 132})
+    for (int64_t T = 1; T <= 8; ++T)
+      for (int H = 1; H <= 128; ++H)
+        for (int S = 1; S <= 32; ++S) {
+          const int hb = k::narrow_block_heads(T, H, S, sms);
+          SCOPED_TRACE("T " + std::to_string(T) + " H " + std::to_string(H) + " S " + std::to_string(S));
+          ASSERT_TRUE(hb == 16 || hb == 32 || hb == 64);
+          const int groups = (H + hb - 1) / hb, base = (H + 63) / 64;
+          ASSERT_GE(int64_t(groups) * hb, H);  // every head in a block
+          ASSERT_LT(int64_t(groups - 1) * hb, H);  // no block without a real head
+          auto fits = [&](int b) { return (H + b - 1) / b > base && T * ((H + b - 1) / b) * S <= sms; };
+          if (hb < 64) ASSERT_TRUE(fits(hb));
+          for (int b = 16; b < hb; b *= 2) ASSERT_FALSE(fits(b)) << "a narrower block fits: " << b;
+          if (hb == 64) ASSERT_FALSE(fits(16) || fits(32));
+        }
+}
+
 TEST(KernelConfig, CrossoverLayoutKeepsTheTwoCtasApart) {
   constexpr int kBuf = k::WsConfig::kDimBlocks * k::WsConfig::kBlockBytes;
   std::vector<int> staged(kBuf, -1), written(kBuf, -1);  // which (rank) stages / writes each byte

@@ -30,7 +30,7 @@ __device__ __forceinline__ void ld_q_e4m3x8(const KernelParams& p, const uint8_t
 
 // Q (64 heads x 576) -> shared memory by both consumer warpgroups (thread tid of 256), as the S
 // product reads it. 16-bit caches and the dequantizing path: bf16 / fp16 in the 9 swizzled dim
-// blocks, heads past H and (D = 512) dim block 8 zero; an e4m3 q widened to bf16 exactly (q_scale
+// blocks, heads past the block's (w.head_end) and (D = 512) dim block 8 zero; an e4m3 q widened to bf16 exactly (q_scale
 // is in scale_log2). The fp8 score path (kQ8): the latent as e4m3 into blocks 0-3, the RoPE into
 // block 4 as e4m3 (fp8_e4m3) or widened to bf16 (fp8_ds_mla: its RoPE rows are bf16).
 template <KvFormat kFormat, bool kQ8>
@@ -45,7 +45,7 @@ __device__ __forceinline__ void load_q(const KernelParams& p, WsSmem<kQ8>& s, co
       const int hr = gi / kGroups, e = 8 * (gi - hr * kGroups);
       const int h = w.head0 + hr;
       uint32_t lo = 0, hi = 0;
-      if (h < p.num_heads && e < 8 * q_groups) ld_q_e4m3x8(p, q_src<uint8_t, 1>(p, w, h, e), lo, hi);
+      if (h < w.head_end && e < 8 * q_groups) ld_q_e4m3x8(p, q_src<uint8_t, 1>(p, w, h, e), lo, hi);
       const uint32_t row = q_base + uint32_t(hr * 128);
       if (e < kLatent) {
         const uint32_t dst = row + uint32_t((e >> 7) * Cfg::kBlockBytes + ((((e & 127) >> 4) ^ (hr & 7)) << 4) + (e & 8));
@@ -68,7 +68,7 @@ __device__ __forceinline__ void load_q(const KernelParams& p, WsSmem<kQ8>& s, co
       const int h = w.head0 + hr;
       const uint32_t dst =
           q_base + uint32_t((ch >> 3) * Cfg::kBlockBytes + hr * Cfg::kAtomBytes + (swizzle(hr, ch & 7) << 4));
-      if (h >= p.num_heads || ch >= q_chunks) {
+      if (h >= w.head_end || ch >= q_chunks) {
         ptx::st_shared_zero16(dst);
         continue;
       }
@@ -128,7 +128,7 @@ __device__ __forceinline__ void store_o(const KernelParams& p, WsSmem<kQ8>& s, c
   for (int r = 0; r < 2; ++r) {
     const int row = wrow + g + 8 * r;
     const int h = w.head0 + row;
-    const bool valid = h < p.num_heads;  // uniform over a quad (one row); the split path shuffles within it
+    const bool valid = h < w.head_end;  // uniform over a quad (one row); the split path shuffles within it
     if (!valid && p.num_splits == 1) continue;
     const float l = s.l_part[0][row] + s.l_part[1][row];
     const float m = kWg == 0 ? m_run[r] : s.m_final[row];

@@ -154,6 +154,18 @@ int xo_regs_mode() {
   return o >= 0 ? o : env;
 }
 void set_xo_regs_for_testing(int mode) { xo_regs_override.store(mode, std::memory_order_relaxed); }
+namespace {
+std::atomic<int> narrow_heads_override{-1};
+}  // namespace
+bool narrow_heads_mode() {
+  static const bool env = [] {
+    const char* e = std::getenv("SMLA_SM90_NARROW_HEADS");
+    return e != nullptr && std::string(e) == "1";
+  }();
+  const int o = narrow_heads_override.load(std::memory_order_relaxed);
+  return o >= 0 ? o != 0 : env;
+}
+void set_narrow_heads_for_testing(int mode) { narrow_heads_override.store(mode, std::memory_order_relaxed); }
 }  // namespace sm90::sparse_mla
 
 int sparse_mla_auto_splits(const SparseMlaParams& p, int num_sms) { return num_splits_for(p, num_sms); }
@@ -187,6 +199,12 @@ void sparse_mla(const SparseMlaParams& p, void* workspace, size_t workspace_byte
              "T * ceil(H / 16) must be < 2^31 for the swapab kernel's grid (16-head blocks, SMLA_SM90_SWAPAB_HGROUPS); "
              "split the call along T");
   kp.num_splits = splits;
+  // SMLA_SM90_NARROW_HEADS=1: h64.ws with fewer real heads per block where the call leaves SMs idle
+  // (T = 1), the split unchanged (docs/perf-history.md#s12-latency-budget). The same bits per head.
+  if (&variant == &kCudaVariants[2] && k::narrow_heads_mode()) {
+    kp.block_heads = k::narrow_block_heads(p.num_tokens, p.num_heads, splits, current_num_sms());
+    kp.head_groups = (p.num_heads + kp.block_heads - 1) / kp.block_heads;
+  }
   kp.topk = p.topk;
   kp.raw_chunks = k::raw_row_chunks(p.format, p.rope_dim);
   kp.k_steps = p.head_dim() / 16;

@@ -31,7 +31,8 @@ __device__ __forceinline__ void bar_arrive(Bar b, uint32_t threads) { ptx::named
 // What every warpgroup of a block knows about its work.
 struct WsBlock {
   int64_t t;             // token
-  int head0;             // first head of the 64-head group
+  int head0;             // first head of the block's head group
+  int head_end;          // one past its last real head: min(H, head0 + block_heads)
   int split;             // top-k split
   int begin, end;        // entries [begin, end) of the idx row
   int num_tiles;         // 64-entry tiles in [begin, end): tile i in buffer i % 2
@@ -43,7 +44,8 @@ struct WsBlock {
 __device__ __forceinline__ WsBlock block_work(const KernelParams& p) {
   WsBlock w;
   w.t = blockIdx.x / p.head_groups;
-  w.head0 = int(blockIdx.x - w.t * p.head_groups) * WsConfig::kHeadTile;
+  w.head0 = int(blockIdx.x - w.t * p.head_groups) * p.block_heads;
+  w.head_end = min(p.num_heads, w.head0 + p.block_heads);
   w.split = blockIdx.z;
   int n = p.topk;
   if (p.counts != nullptr) n = min(max(p.counts[w.t], 0), p.topk);
