@@ -53,6 +53,7 @@ TEST(KernelConfig, NarrowBlockHeads) {
   EXPECT_EQ(k::narrow_block_heads(1, 1, 32, 132), 64);
   EXPECT_EQ(k::narrow_block_heads(1, 128, 16, 132), 16);  // 8 x 16
   EXPECT_EQ(k::narrow_block_heads(2, 128, 32, 132), 64);  // already 128 blocks
+  EXPECT_EQ(k::narrow_block_heads(3, 128, 1, 132), 16);   // no split (small K): 3 x 8 blocks
   EXPECT_EQ(k::narrow_block_heads(32, 128, 2, 132), 64);
   EXPECT_EQ(k::narrow_block_heads(1, 128, 32, 78), 64);   // a smaller GPU: 128 blocks do not fit
   EXPECT_EQ(k::narrow_block_heads(0, 128, 32, 132), 64);

@@ -1,11 +1,12 @@
 // SMLA_SM90_NARROW_HEADS (opt-in; docs/perf-history.md#s12-latency-budget): h64.ws runs fewer real
-// heads per 64-row block (32 or 16, narrow_block_heads) where a call leaves SMs idle (T = 1), the split
-// unchanged. Every head's row of S, its softmax, P V and partial are computed by the same wgmma
-// instructions over the same tile as in its 64-head block, only at another row of the tile, and the
-// merge is unchanged, so the switch must give the default's output and LSE bit for bit (both modes run
-// in one process: set_narrow_heads_for_testing). Each case also checks the narrow run against the
-// float64 reference (so a bit difference, if the hardware's rows were not independent, would still say
-// whether the result is right), that the case really runs narrow blocks, and a CUDA graph replay.
+// heads per 64-row block (32 or 16, narrow_block_heads) where a call leaves SMs idle (T = 1 at
+// K = 2048; small T with few splits), the split unchanged. Every head's row of S, its softmax, P V and
+// partial are computed by the same wgmma instructions over the same tile as in its 64-head block, only
+// at another row of the tile, and the merge is unchanged, so the switch must give the default's output
+// and LSE bit for bit (both modes run in one process: set_narrow_heads_for_testing). Each case also
+// checks the narrow run against the float64 reference (so a bit difference, if the hardware's rows were
+// not independent, would still say whether the result is right), that the case really runs narrow
+// blocks, and a CUDA graph replay.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -96,6 +97,11 @@ std::vector<NarrowCase> narrow_cases() {
     auto s = spec_of(KvFormat::kBF16, 1, 128, 2048);
     s.q_pair = true;
     v.push_back({"bf16_T1_H128_K2048_qpair", s, 0, 32});
+  }
+  {
+    auto s = spec_of(KvFormat::kBF16, 3, 128, 77);  // no split (outputs written by the blocks), a partial tile
+    s.use_counts = true, s.sink = true, s.all_invalid_row = true;
+    v.push_back({"bf16_T3_H128_K77_nosplit_counts_sink_all_invalid", s, 0, 16});
   }
   v.push_back({"fp16_T1_H64_K2048", spec_of(KvFormat::kFP16, 1, 64, 2048), 0, 16});
   v.push_back({"fp8_ds_mla_T1_H128_K2048", spec_of(KvFormat::kFP8DsMla, 1, 128, 2048), 0, 32});

@@ -30,8 +30,8 @@ __device__ __forceinline__ void ld_q_e4m3x8(const KernelParams& p, const uint8_t
 
 // Q (64 heads x 576) -> shared memory by both consumer warpgroups (thread tid of 256), as the S
 // product reads it. 16-bit caches and the dequantizing path: bf16 / fp16 in the 9 swizzled dim
-// blocks, heads past the block's (w.head_end) and (D = 512) dim block 8 zero; an e4m3 q widened to bf16 exactly (q_scale
-// is in scale_log2). The fp8 score path (kQ8): the latent as e4m3 into blocks 0-3, the RoPE into
+// blocks, heads from w.head_end on and (D = 512) dim block 8 zero; an e4m3 q widened to bf16
+// exactly (q_scale is in scale_log2). The fp8 score path (kQ8): the latent as e4m3 into blocks 0-3, the RoPE into
 // block 4 as e4m3 (fp8_e4m3) or widened to bf16 (fp8_ds_mla: its RoPE rows are bf16).
 template <KvFormat kFormat, bool kQ8>
 __device__ __forceinline__ void load_q(const KernelParams& p, WsSmem<kQ8>& s, const WsBlock& w, int tid) {
