@@ -75,13 +75,13 @@ Support supports_sm90_ws_q8(const Geometry& g, const DeviceInfo& dev);
 // In the order they are tried; the first whose supports() is OK runs.
 inline constexpr CudaVariant kCudaVariants[] = {
     {"swapab", ScorePrecision::kBF16,
-     "small-H kernel for fp8_ds_mla with a bf16 q or an e4m3 q widened exactly (H <= 16; the default for both, "
-     "H <= 32 in 16-head blocks with SMLA_SM90_SWAPAB_HGROUPS=1, opt-in; "
-     "score precision auto or bf16): the rows are the wgmma M dimension (H padded to 16, "
+     "small-H kernel for fp8_ds_mla and fp8_e4m3 rows with a bf16 q or an e4m3 q widened exactly (H <= 16; "
+     "fp8_ds_mla: score precision auto or bf16, fp8_e4m3: bf16; H <= 32 in 16-head blocks with "
+     "SMLA_SM90_SWAPAB_HGROUPS=1, opt-in): the rows are the wgmma M dimension (H padded to 16, "
      "not 64), raw rows in a cp.async ring, e4m3 converted exactly in registers, tile scales in fp32 (S) and folded "
-     "into bf16 P (P V); fp32 sums (DESIGN.md §8: LSE within 1e-3). SMLA_SM90_SWAPAB=0 turns it off; fp8_e4m3 "
-     "(SMLA_SM90_SWAPAB_E4M3=1) and nvfp4_ds_mla (SMLA_SM90_SWAPAB_NVFP4=1, block scales applied as K and V are "
-     "converted) opt-in",
+     "into bf16 P (P V); fp32 sums (DESIGN.md §8: LSE within 1e-3). SMLA_SM90_SWAPAB=0 turns it off, "
+     "SMLA_SM90_SWAPAB_E4M3=0 for fp8_e4m3 alone; nvfp4_ds_mla (SMLA_SM90_SWAPAB_NVFP4=1, block scales applied as "
+     "K and V are converted) opt-in",
      supports_sm90_swapab, split_workspace_bytes},
     {"h128.xo", ScorePrecision::kBF16,
      "h64.ws for fp8_ds_mla at 64 < H <= 128 as a cluster of a token's two 64-head blocks, each dequantizing half "
