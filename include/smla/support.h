@@ -80,8 +80,8 @@ inline constexpr CudaVariant kCudaVariants[] = {
      "SMLA_SM90_SWAPAB_HGROUPS=1, opt-in): the rows are the wgmma M dimension (H padded to 16, "
      "not 64), raw rows in a cp.async ring, e4m3 converted exactly in registers, tile scales in fp32 (S) and folded "
      "into bf16 P (P V); fp32 sums (DESIGN.md §8: LSE within 1e-3). SMLA_SM90_SWAPAB=0 turns it off, "
-     "SMLA_SM90_SWAPAB_E4M3=0 for fp8_e4m3 alone; nvfp4_ds_mla (SMLA_SM90_SWAPAB_NVFP4=1, block scales applied as "
-     "K and V are converted) opt-in",
+     "SMLA_SM90_SWAPAB_E4M3=0 for fp8_e4m3 alone; nvfp4_ds_mla (off with SMLA_SM90_SWAPAB_NVFP4=0, block scales applied as "
+     "K and V are converted)",
      supports_sm90_swapab, split_workspace_bytes},
     {"h128.xo", ScorePrecision::kBF16,
      "h64.ws for fp8_ds_mla at 64 < H <= 128 as a cluster of a token's two 64-head blocks, each dequantizing half "
@@ -114,8 +114,10 @@ int swapab_max_heads();
 // faster than h64.ws); SMLA_SM90_SWAPAB_E4M3=0 turns it off, read once.
 inline constexpr bool kSwapAbE4M3ByDefault = true;
 bool swapab_e4m3_enabled();
-// nvfp4_ds_mla rows on swapab (a bf16 q): opt-in, SMLA_SM90_SWAPAB_NVFP4=1, read once; not measured yet
-// (docs/perf-history.md#s12-swapab-nvfp4).
+// nvfp4_ds_mla rows on swapab (a bf16 q): on by default since session 12 (2.3-2.4x h64.ws at H = 16,
+// T >= 128 on the H200, its cases 49/49, memcheck clean: docs/perf-history.md#s12-run-b);
+// SMLA_SM90_SWAPAB_NVFP4=0 turns it off, read once.
+inline constexpr bool kSwapAbNvfp4ByDefault = true;
 bool swapab_nvfp4_enabled();
 
 // The crossover variant h128.xo (fp8_ds_mla, bf16 scores, 64 < H <= 128): opt-in, SMLA_SM90_CROSSOVER=1,

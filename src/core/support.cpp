@@ -110,7 +110,8 @@ bool swapab_e4m3_enabled() {
 bool swapab_nvfp4_enabled() {
   static const bool on = [] {
     const char* e = std::getenv("SMLA_SM90_SWAPAB_NVFP4");
-    return e != nullptr && std::string(e) == "1";
+    if (e == nullptr || *e == '\0') return kSwapAbNvfp4ByDefault;
+    return std::string(e) != "0";
   }();
   return on;
 }
@@ -123,7 +124,7 @@ Support supports_sm90_swapab(const Geometry& g, const DeviceInfo& dev) {
   if (g.format == KvFormat::kFP8E4M3 && !swapab_e4m3_enabled())
     return {"swapab's fp8_e4m3 rows are turned off by SMLA_SM90_SWAPAB_E4M3=0; unset it to use them"};
   if (g.format == KvFormat::kNvFP4DsMla && !swapab_nvfp4_enabled())
-    return {"swapab reads nvfp4_ds_mla rows only when SMLA_SM90_SWAPAB_NVFP4=1 (not measured yet); use h64.ws"};
+    return {"swapab's nvfp4_ds_mla rows are turned off by SMLA_SM90_SWAPAB_NVFP4=0; unset it to use them"};
   if (g.format != KvFormat::kFP8DsMla && g.format != KvFormat::kFP8E4M3 && g.format != KvFormat::kNvFP4DsMla)
     return {"swapab reads fp8_ds_mla, fp8_e4m3 and nvfp4_ds_mla rows only; use h64.ws for the other formats"};
   if (g.q_dtype != DType::kBF16 && g.q_dtype != DType::kE4M3)

@@ -205,7 +205,7 @@ TEST(Support, SwapAbTakesSmallHeadFp8DsMlaWithABf16Q) {
       EXPECT_EQ(std::string(v->name), ds(H)) << H << " rope " << rope;
     }
     EXPECT_STREQ(smla::cuda_variant_for(geo(KvFormat::kBF16, DType::kBF16, H), h200)->name, "h64.ws") << H;
-    // nvfp4_ds_mla rows: on swapab only with SMLA_SM90_SWAPAB_NVFP4=1 (opt-in; D = 512 too)
+    // nvfp4_ds_mla rows: on swapab unless SMLA_SM90_SWAPAB_NVFP4=0 (D = 512 too)
     const bool nv = H <= hmax && smla::swapab_enabled() && smla::swapab_nvfp4_enabled();
     for (int rope : {64, 0})
       EXPECT_EQ(std::string(smla::cuda_variant_for(geo(KvFormat::kNvFP4DsMla, DType::kBF16, H, rope, 77), h200)->name),
@@ -248,7 +248,7 @@ TEST(Support, SwapAbTakesSmallHeadFp8DsMlaWithABf16Q) {
     }
     if (!smla::swapab_nvfp4_enabled())
       expect_reason(smla::supports_sm90_swapab(geo(KvFormat::kNvFP4DsMla, DType::kBF16, 16), h200),
-                    "SMLA_SM90_SWAPAB_NVFP4=1", "nvfp4 rows without the opt-in");
+                    "SMLA_SM90_SWAPAB_NVFP4=0", "nvfp4 rows switched off");
     else
       expect_reason(smla::supports_sm90_swapab(geo(KvFormat::kNvFP4DsMla, DType::kBF16, hmax + 1), h200),
                     "H <= " + std::to_string(hmax), "nvfp4, H past swapab's limit");

@@ -51,8 +51,8 @@ def test_info_names_the_kernel_of_a_cuda_build():
     if "CUDA backend: built" not in out:
         pytest.skip("CPU-only build: no CUDA kernel to name")
     kernels = [line for line in out.splitlines() if "kernel on an SM90 GPU" in line]
-    # Every format runs on the warp-specialized 64-head kernel (heads zero-padded).
-    assert kernels == ["  kernel on an SM90 GPU: sm90/sparse_mla/nvfp4_ds_mla_d576/h64.ws"]
+    # nvfp4_ds_mla at H <= 16: the swap-AB kernel (session 12; the test's environment drops SMLA_SM90_*)
+    assert kernels == ["  kernel on an SM90 GPU: sm90/sparse_mla/nvfp4_ds_mla_d576/swapab"]
 
 
 def test_info_names_the_fp8_score_variant_and_its_accuracy():

@@ -708,7 +708,8 @@ def test_kernel_for_names_the_score_variant():
     assert smla.kernel_for(16, 2048, format="fp8_e4m3", q_dtype="e4m3",
                            score_precision="bf16").endswith("/swapab" if e4 else "/h64.ws")
     assert smla.kernel_for(16, 2048, format="fp8_e4m3", q_dtype="e4m3").endswith("/h64.ws.q8")
-    assert smla.kernel_for(16, 2048, format="nvfp4_ds_mla").endswith("/h64.ws")
+    nv = swapab and os.environ.get("SMLA_SM90_SWAPAB_NVFP4", "") != "0"
+    assert smla.kernel_for(16, 2048, format="nvfp4_ds_mla").endswith("/swapab" if nv else "/h64.ws")
     # no variant computes fp8 scores from a bf16 q: the kernel family alone
     assert smla.kernel_for(64, 2048, format="fp8_ds_mla", score_precision="fp8") == base
     assert smla.kernel_name(64, 2048, format="fp8_ds_mla", q_dtype="e4m3") == base
