@@ -45,9 +45,6 @@ Plan::Plan(const PlanConfig& cfg) : cfg_(cfg) {
     if (cfg.backend == Backend::kCuda) {
       SparseMlaParams p;
       p.num_tokens = b, p.num_heads = cfg.geometry.num_heads, p.topk = cfg.geometry.topk;
-      // (the geometry too: the split follows the variant's blocks per token, e.g. swapab's head groups)
-      p.format = cfg.geometry.format, p.q_dtype = cfg.geometry.q_dtype, p.rope_dim = cfg.geometry.rope_dim;
-      p.score_precision = cfg.geometry.score_precision;
       sc.num_splits = cfg.batch_invariant ? batch_invariant_splits(cfg.geometry.topk)
                                           : cuda::sparse_mla_auto_splits(p, num_sms_);
       // Scratch of the bucket's largest run (every T in the bucket uses this split).

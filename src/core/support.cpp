@@ -1,6 +1,5 @@
 #include "smla/support.h"
 
-#include <cstdlib>
 #include <string>
 
 #include "smla/formats.h"
@@ -31,30 +30,12 @@ Support support_common(const Geometry& g) {
 
 Support support_cpu(const Geometry& g) { return support_common(g); }
 
-bool swapab_enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("SMLA_SM90_SWAPAB");
-    if (e == nullptr || *e == '\0') return kSwapAbByDefault;
-    return std::string(e) != "0";
-  }();
-  return on;
-}
-
-int swapab_max_heads() {
-  static const int n = [] {
-    const char* e = std::getenv("SMLA_SM90_SWAPAB_HGROUPS");
-    const std::string v = e != nullptr ? e : "";
-    return v == "1" || v == "32" ? 32 : v == "64" ? 64 : kSwapAbMaxHeads;
-  }();
-  return n;
-}
-
 ScorePrecision resolve_score_precision(const Geometry& g) {
   if (g.score_precision != ScorePrecision::kAuto) return g.score_precision;
   const bool fp8_cache = g.format == KvFormat::kFP8E4M3 || g.format == KvFormat::kFP8DsMla;
-  // fp8_ds_mla at H <= 16 with the swap-AB kernel on: its bf16 scores (q widened exactly) run faster
-  // than the fp8 score path there (docs/perf-history.md#s11-swapab), and are the more accurate.
-  if (g.format == KvFormat::kFP8DsMla && g.num_heads <= swapab_max_heads() && swapab_enabled()) return ScorePrecision::kBF16;
+  // fp8_ds_mla at H <= 16, the swap-AB kernel: its bf16 scores (q widened exactly) run faster than the
+  // fp8 score path there (docs/perf-history.md#s11-swapab), and are the more accurate.
+  if (g.format == KvFormat::kFP8DsMla && g.num_heads <= kSwapAbMaxHeads) return ScorePrecision::kBF16;
   return g.q_dtype == DType::kE4M3 && fp8_cache ? ScorePrecision::kFP8 : ScorePrecision::kBF16;
 }
 
@@ -98,61 +79,15 @@ Support sm90_common(const Geometry& g, const DeviceInfo& dev) {
 }  // namespace
 
 
-bool swapab_e4m3_enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("SMLA_SM90_SWAPAB_E4M3");
-    if (e == nullptr || *e == '\0') return kSwapAbE4M3ByDefault;
-    return std::string(e) != "0";
-  }();
-  return on;
-}
-
-bool swapab_nvfp4_enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("SMLA_SM90_SWAPAB_NVFP4");
-    if (e == nullptr || *e == '\0') return kSwapAbNvfp4ByDefault;
-    return std::string(e) != "0";
-  }();
-  return on;
-}
-
 Support supports_sm90_swapab(const Geometry& g, const DeviceInfo& dev) {
   if (auto s = sm90_common(g, dev); !s.ok()) return s;
-  if (!swapab_enabled())
-    return {kSwapAbByDefault ? "swapab is turned off by SMLA_SM90_SWAPAB=0; unset it to use it"
-                             : "swapab is opt-in; set SMLA_SM90_SWAPAB=1 to use it"};
-  if (g.format == KvFormat::kFP8E4M3 && !swapab_e4m3_enabled())
-    return {"swapab's fp8_e4m3 rows are turned off by SMLA_SM90_SWAPAB_E4M3=0; unset it to use them"};
-  if (g.format == KvFormat::kNvFP4DsMla && !swapab_nvfp4_enabled())
-    return {"swapab's nvfp4_ds_mla rows are turned off by SMLA_SM90_SWAPAB_NVFP4=0; unset it to use them"};
   if (g.format != KvFormat::kFP8DsMla && g.format != KvFormat::kFP8E4M3 && g.format != KvFormat::kNvFP4DsMla)
     return {"swapab reads fp8_ds_mla, fp8_e4m3 and nvfp4_ds_mla rows only; use h64.ws for the other formats"};
   if (g.q_dtype != DType::kBF16 && g.q_dtype != DType::kE4M3)
     return {"swapab takes a bf16 or e4m3 q; use h64.ws for the others"};
   if (resolve_score_precision(g) != ScorePrecision::kBF16)
     return {"swapab computes the scores in bf16, not fp8; use score precision bf16 or auto"};
-  if (g.num_heads > swapab_max_heads())
-    return {swapab_max_heads() == kSwapAbMaxHeads
-                ? "swapab runs H <= 16 (H <= 32 with SMLA_SM90_SWAPAB_HGROUPS=1, opt-in); use h64.ws for larger H"
-                : "swapab runs H <= " + std::to_string(swapab_max_heads()) + "; use h64.ws for larger H"};
-  return {};
-}
-
-bool crossover_enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("SMLA_SM90_CROSSOVER");
-    return e != nullptr && std::string(e) == "1";
-  }();
-  return on;
-}
-
-Support supports_sm90_xo(const Geometry& g, const DeviceInfo& dev) {
-  if (auto s = sm90_common(g, dev); !s.ok()) return s;
-  if (!crossover_enabled()) return {"h128.xo is opt-in; set SMLA_SM90_CROSSOVER=1 to use it"};
-  if (g.format != KvFormat::kFP8DsMla) return {"h128.xo reads fp8_ds_mla rows only; use h64.ws"};
-  if (resolve_score_precision(g) != ScorePrecision::kBF16)
-    return {"h128.xo computes the scores in bf16, not fp8; use h64.ws.q8 for fp8 scores"};
-  if (g.num_heads <= 64) return {"h128.xo runs 64 < H <= 128 (two 64-head blocks per token); use h64.ws"};
+  if (g.num_heads > kSwapAbMaxHeads) return {"swapab runs H <= 16; use h64.ws for larger H"};
   return {};
 }
 

@@ -14,10 +14,8 @@ set(SMLA_CUDA_SOURCES
   # e4m3 q over fp8 rows: S on the fp8 tensor cores
   ${CMAKE_CURRENT_LIST_DIR}/sm90/sparse_mla/fp8_e4m3_h64_ws8.cu
   ${CMAKE_CURRENT_LIST_DIR}/sm90/sparse_mla/fp8_ds_mla_h64_ws8.cu
-  # fp8_ds_mla at 64 < H <= 128 as a 2-block cluster sharing the dequantization (opt-in: SMLA_SM90_CROSSOVER=1)
-  ${CMAKE_CURRENT_LIST_DIR}/sm90/sparse_mla/fp8_ds_mla_h128_xo.cu
-  # small H (<= 16), fp8_ds_mla / fp8_e4m3 with bf16 scores: rows as the wgmma M dimension (swap AB)
+  # small H (<= 16), fp8_ds_mla / fp8_e4m3 / nvfp4_ds_mla with bf16 scores: rows as the wgmma M dimension (swap AB)
   ${CMAKE_CURRENT_LIST_DIR}/sm90/sparse_mla/fp8_ds_mla_swapab.cu
   ${CMAKE_CURRENT_LIST_DIR}/sm90/sparse_mla/fp8_e4m3_swapab.cu
-  ${CMAKE_CURRENT_LIST_DIR}/sm90/sparse_mla/nvfp4_ds_mla_swapab.cu  # opt-in: SMLA_SM90_SWAPAB_NVFP4=1
+  ${CMAKE_CURRENT_LIST_DIR}/sm90/sparse_mla/nvfp4_ds_mla_swapab.cu
 )

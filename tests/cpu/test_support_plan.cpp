@@ -159,8 +159,7 @@ TEST(Support, Fp8ScoresNeedAnE4m3QWithAnFp8Cache) {
     g.score_precision = smla::ScorePrecision::kBF16;
     EXPECT_TRUE(smla::support_cuda(g, h200, true).ok());
     ASSERT_NE(smla::cuda_variant_for(g, h200), nullptr);
-    EXPECT_STREQ(smla::cuda_variant_for(g, h200)->name,
-                 f == KvFormat::kFP8DsMla && smla::crossover_enabled() ? "h128.xo" : "h64.ws");
+    EXPECT_STREQ(smla::cuda_variant_for(g, h200)->name, "h64.ws");
     g.score_precision = smla::ScorePrecision::kFP8;
     EXPECT_TRUE(smla::support_cpu(g).ok()) << "the reference takes any score precision";
     EXPECT_TRUE(smla::support_cuda(g, h200, true).ok()) << smla::support_cuda(g, h200, true).reason;
@@ -183,18 +182,13 @@ TEST(Support, Fp8ScoresNeedAnE4m3QWithAnFp8Cache) {
 // it is (support_common refuses fp8 where it cannot run); auto is fp8 exactly for an e4m3 q with an
 // fp8_e4m3 / fp8_ds_mla cache (the two pairs listed by hand below).
 // The swap-AB small-H kernel runs fp8_ds_mla at H <= 16 with a bf16 q, and with an e4m3 q under score
-// precision auto or bf16 (auto resolves to bf16 there), while SMLA_SM90_SWAPAB leaves it on (read once
-// per process; on by default); fp8 scores asked for explicitly, everything else, and the reasons of
-// what nothing runs stay with the 64-head kernels. "H <= 16" reads H <= smla::swapab_max_heads(): 32
-// (or 64) under the opt-in SMLA_SM90_SWAPAB_HGROUPS (16-head blocks).
+// precision auto or bf16 (auto resolves to bf16 there); fp8 scores asked for explicitly, everything
+// else, and the reasons of what nothing runs stay with the 64-head kernels.
 TEST(Support, SwapAbTakesSmallHeadFp8DsMlaWithABf16Q) {
   const auto h200 = device(9, 0, "NVIDIA H200");
-  const int hmax = smla::swapab_max_heads();
-  // swapab up to its H limit (16, or 32 / 64 under SMLA_SM90_SWAPAB_HGROUPS); H > 64: the crossover variant with
-  // SMLA_SM90_CROSSOVER=1 (opt-in); else h64.ws.
-  auto ds = [&](int H) -> std::string {
-    return H <= hmax && smla::swapab_enabled() ? "swapab" : H > 64 && smla::crossover_enabled() ? "h128.xo" : "h64.ws";
-  };
+  const int hmax = smla::kSwapAbMaxHeads;
+  EXPECT_EQ(hmax, 16);
+  auto ds = [&](int H) -> std::string { return H <= hmax ? "swapab" : "h64.ws"; };
   for (int H : {1, 8, 16, 17, 20, 31, 32, 33, 64, 96, 128}) {
     const smla::CudaVariant* v = smla::cuda_variant_for(geo(KvFormat::kFP8DsMla, DType::kBF16, H), h200);
     ASSERT_NE(v, nullptr) << H;
@@ -205,22 +199,21 @@ TEST(Support, SwapAbTakesSmallHeadFp8DsMlaWithABf16Q) {
       EXPECT_EQ(std::string(v->name), ds(H)) << H << " rope " << rope;
     }
     EXPECT_STREQ(smla::cuda_variant_for(geo(KvFormat::kBF16, DType::kBF16, H), h200)->name, "h64.ws") << H;
-    // nvfp4_ds_mla rows: on swapab unless SMLA_SM90_SWAPAB_NVFP4=0 (D = 512 too)
-    const bool nv = H <= hmax && smla::swapab_enabled() && smla::swapab_nvfp4_enabled();
+    // nvfp4_ds_mla rows: on swapab (D = 512 too)
+    const bool nv = H <= hmax;
     for (int rope : {64, 0})
       EXPECT_EQ(std::string(smla::cuda_variant_for(geo(KvFormat::kNvFP4DsMla, DType::kBF16, H, rope, 77), h200)->name),
                 nv ? "swapab" : "h64.ws")
           << H << " rope " << rope;
-    // fp8_e4m3 rows: on swapab unless SMLA_SM90_SWAPAB_E4M3=0 (or SMLA_SM90_SWAPAB=0)
-    const bool e4 = H <= hmax && smla::swapab_enabled() && smla::swapab_e4m3_enabled();
+    // fp8_e4m3 rows: on swapab
+    const bool e4 = H <= hmax;
     EXPECT_EQ(std::string(smla::cuda_variant_for(geo(KvFormat::kFP8E4M3, DType::kBF16, H), h200)->name),
               e4 ? "swapab" : "h64.ws")
         << H;
     Geometry q8 = geo(KvFormat::kFP8DsMla, DType::kE4M3, H);
-    EXPECT_EQ(std::string(smla::cuda_variant_for(q8, h200)->name), H <= hmax && smla::swapab_enabled() ? "swapab" : "h64.ws.q8")
+    EXPECT_EQ(std::string(smla::cuda_variant_for(q8, h200)->name), H <= hmax ? "swapab" : "h64.ws.q8")
         << H << " auto";
-    EXPECT_EQ(smla::resolve_score_precision(q8), H <= hmax && smla::swapab_enabled() ? smla::ScorePrecision::kBF16
-                                                                                     : smla::ScorePrecision::kFP8)
+    EXPECT_EQ(smla::resolve_score_precision(q8), H <= hmax ? smla::ScorePrecision::kBF16 : smla::ScorePrecision::kFP8)
         << H;
     q8.score_precision = smla::ScorePrecision::kBF16;
     EXPECT_EQ(std::string(smla::cuda_variant_for(q8, h200)->name), ds(H)) << H << " bf16";
@@ -232,64 +225,13 @@ TEST(Support, SwapAbTakesSmallHeadFp8DsMlaWithABf16Q) {
   // Nothing runs H = 129: the reason is the 64-head kernel's, not swapab's.
   expect_reason(smla::support_cuda(geo(KvFormat::kFP8DsMla, DType::kBF16, 129), h200, true), "128 heads", "H = 129");
   Geometry g = geo(KvFormat::kFP8DsMla, DType::kBF16, 16);
-  if (smla::swapab_enabled()) {  // (with SMLA_SM90_SWAPAB=0 every geometry gets the switch's reason)
-    expect_reason(smla::supports_sm90_swapab(geo(KvFormat::kBF16, DType::kBF16, 16), h200), "fp8_ds_mla", "bf16 rows");
-    Geometry fp8 = geo(KvFormat::kFP8DsMla, DType::kE4M3, 16);
-    fp8.score_precision = smla::ScorePrecision::kFP8;
-    expect_reason(smla::supports_sm90_swapab(fp8, h200), "not fp8", "fp8 scores asked for");
-    if (hmax == 16) {
-      expect_reason(smla::supports_sm90_swapab(geo(KvFormat::kFP8DsMla, DType::kBF16, 17), h200), "H <= 16", "H = 17");
-      expect_reason(smla::supports_sm90_swapab(geo(KvFormat::kFP8DsMla, DType::kBF16, 17), h200),
-                    "SMLA_SM90_SWAPAB_HGROUPS=1", "H = 17: the opt-in named");
-    } else {
-      EXPECT_TRUE(smla::supports_sm90_swapab(geo(KvFormat::kFP8DsMla, DType::kBF16, 17), h200).ok());
-      expect_reason(smla::supports_sm90_swapab(geo(KvFormat::kFP8DsMla, DType::kBF16, hmax + 1), h200),
-                    "H <= " + std::to_string(hmax), "H past the head groups' limit");
-    }
-    if (!smla::swapab_nvfp4_enabled())
-      expect_reason(smla::supports_sm90_swapab(geo(KvFormat::kNvFP4DsMla, DType::kBF16, 16), h200),
-                    "SMLA_SM90_SWAPAB_NVFP4=0", "nvfp4 rows switched off");
-    else
-      expect_reason(smla::supports_sm90_swapab(geo(KvFormat::kNvFP4DsMla, DType::kBF16, hmax + 1), h200),
-                    "H <= " + std::to_string(hmax), "nvfp4, H past swapab's limit");
-  } else {
-    expect_reason(smla::supports_sm90_swapab(g, h200), "SMLA_SM90_SWAPAB", "switched off");
-  }
+  expect_reason(smla::supports_sm90_swapab(geo(KvFormat::kBF16, DType::kBF16, 16), h200), "fp8_ds_mla", "bf16 rows");
+  Geometry fp8 = geo(KvFormat::kFP8DsMla, DType::kE4M3, 16);
+  fp8.score_precision = smla::ScorePrecision::kFP8;
+  expect_reason(smla::supports_sm90_swapab(fp8, h200), "not fp8", "fp8 scores asked for");
+  for (KvFormat f : {KvFormat::kFP8DsMla, KvFormat::kFP8E4M3, KvFormat::kNvFP4DsMla})
+    expect_reason(smla::supports_sm90_swapab(geo(f, DType::kBF16, 17), h200), "H <= 16", "H = 17");
   expect_reason(smla::supports_sm90_swapab(g, device(8, 0, "NVIDIA A100")), "SM90", "sm_80");
-}
-
-// The crossover variant h128.xo: fp8_ds_mla with bf16 scores at 64 < H <= 128, only with
-// SMLA_SM90_CROSSOVER=1 (read once per process); each refusal names what runs instead.
-TEST(Support, CrossoverTakesWideFp8DsMlaOnlyWhenAskedFor) {
-  const auto h200 = device(9, 0, "NVIDIA H200");
-  if (!smla::crossover_enabled()) {
-    expect_reason(smla::supports_sm90_xo(geo(KvFormat::kFP8DsMla, DType::kBF16, 128), h200), "SMLA_SM90_CROSSOVER=1",
-                  "switched off");
-    for (int H : {65, 96, 128})
-      EXPECT_STREQ(smla::cuda_variant_for(geo(KvFormat::kFP8DsMla, DType::kBF16, H), h200)->name, "h64.ws") << H;
-    return;
-  }
-  for (int H : {65, 81, 96, 127, 128})
-    for (int rope : {64, 0}) {
-      EXPECT_TRUE(smla::supports_sm90_xo(geo(KvFormat::kFP8DsMla, DType::kBF16, H, rope, 77), h200).ok()) << H;
-      EXPECT_STREQ(smla::cuda_variant_for(geo(KvFormat::kFP8DsMla, DType::kBF16, H, rope), h200)->name, "h128.xo") << H;
-    }
-  for (int H : {1, 17, 64}) {
-    expect_reason(smla::supports_sm90_xo(geo(KvFormat::kFP8DsMla, DType::kBF16, H), h200), "64 < H <= 128",
-                  "H = " + std::to_string(H));
-  }
-  for (KvFormat f : {KvFormat::kBF16, KvFormat::kFP8E4M3, KvFormat::kNvFP4DsMla}) {
-    expect_reason(smla::supports_sm90_xo(geo(f, DType::kBF16, 128), h200), "fp8_ds_mla rows only", "other format");
-    EXPECT_STREQ(smla::cuda_variant_for(geo(f, DType::kBF16, 128), h200)->name, "h64.ws");
-  }
-  Geometry q8 = geo(KvFormat::kFP8DsMla, DType::kE4M3, 128);  // auto: fp8 scores, h64.ws.q8
-  expect_reason(smla::supports_sm90_xo(q8, h200), "not fp8", "fp8 scores");
-  EXPECT_STREQ(smla::cuda_variant_for(q8, h200)->name, "h64.ws.q8");
-  q8.score_precision = smla::ScorePrecision::kBF16;  // an e4m3 q widened exactly
-  EXPECT_STREQ(smla::cuda_variant_for(q8, h200)->name, "h128.xo");
-  expect_reason(smla::supports_sm90_xo(geo(KvFormat::kFP8DsMla, DType::kBF16, 128), device(8, 0, "NVIDIA A100")),
-                "SM90", "sm_80");
-  expect_reason(smla::support_cuda(geo(KvFormat::kFP8DsMla, DType::kBF16, 129), h200, true), "128 heads", "H = 129");
 }
 
 TEST(Support, ResolveScorePrecision) {
@@ -316,9 +258,7 @@ TEST(Support, ResolveScorePrecision) {
       const smla::CudaVariant* vb = smla::cuda_variant_for(b, h200);
       EXPECT_EQ(va, vb) << what;
       if (va != nullptr)
-        EXPECT_STREQ(va->name, fp8_pair                                                   ? "h64.ws.q8"
-                               : f == KvFormat::kFP8DsMla && smla::crossover_enabled() ? "h128.xo"
-                                                                                         : "h64.ws")
+        EXPECT_STREQ(va->name, fp8_pair ? "h64.ws.q8" : "h64.ws")
             << what;
     }
   // the pairs the table lists as runnable on an SM90 GPU under auto (by hand)

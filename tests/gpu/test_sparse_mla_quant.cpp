@@ -187,12 +187,10 @@ void run_checked(const ProblemSpec& spec, const std::string& what, smla::ScorePr
   ASSERT_NE(variant, nullptr) << "no variant supports this case";
   const smla::ScorePrecision resolved = smla::resolve_score_precision(smla::geometry_of(p));
   if (score == smla::ScorePrecision::kAuto) {  // the default: fp8 scores for an e4m3 q (fp8 caches only take one),
-    // except fp8_ds_mla at H <= 16, where the swap-AB kernel runs either q with bf16 scores (s11; H <= 32
-    // or 64 under the opt-in SMLA_SM90_SWAPAB_HGROUPS: swapab_max_heads())
-    const bool swapab = p.num_heads <= smla::swapab_max_heads() && smla::swapab_enabled() &&
-                        (p.format == KvFormat::kFP8DsMla ||
-                         (p.format == KvFormat::kFP8E4M3 && p.q_dtype == DType::kBF16 && smla::swapab_e4m3_enabled()) ||
-                         (p.format == KvFormat::kNvFP4DsMla && smla::swapab_nvfp4_enabled()));
+    // except fp8_ds_mla at H <= 16, where the swap-AB kernel runs either q with bf16 scores (s11)
+    const bool swapab = p.num_heads <= smla::kSwapAbMaxHeads &&
+                        (p.format == KvFormat::kFP8DsMla || (p.format == KvFormat::kFP8E4M3 && p.q_dtype == DType::kBF16) ||
+                         p.format == KvFormat::kNvFP4DsMla);
     EXPECT_STREQ(variant->name, swapab ? "swapab" : p.q_dtype == DType::kE4M3 ? "h64.ws.q8" : "h64.ws");
   }
   else
@@ -341,7 +339,7 @@ std::vector<Case> cases() {
       s.num_rows = 1 << 16;
       add(f, "T65537_H2_K16", s);
     }
-    if (f == KvFormat::kFP8DsMla) {  // H > 64: two head groups (the crossover variant h128.xo with SMLA_SM90_CROSSOVER=1)
+    if (f == KvFormat::kFP8DsMla) {  // H > 64: two head groups
       {
         auto s = base(f, 4, 128, 500);
         s.invalid_fraction = 0.6, s.num_rows = 50;  // many invalid (-1, negative, >= num_rows) and duplicates
@@ -354,7 +352,7 @@ std::vector<Case> cases() {
       }
     }
     // The swap-AB kernel's shapes (H <= 16: N = 16; and H = 17, 32 on h64.ws): fp8_ds_mla, and nvfp4_ds_mla
-    // (on swapab with SMLA_SM90_SWAPAB_NVFP4=1: its 8-stage ring wraps at K = 1024, 2048).
+    // (its 8-stage ring wraps at K = 1024, 2048).
     if (f != KvFormat::kFP8E4M3) {
       for (int H : {8, 17, 32}) add(f, "T3_H" + std::to_string(H) + "_K2048_split", base(f, 3, H, 2048));
       add(f, "T1_H16_K2048_split", base(f, 1, 16, 2048));
@@ -380,8 +378,8 @@ std::vector<Case> cases() {
       s.invalid_fraction = 0.6, s.num_rows = 50;
       add(f, "T5_H16_invalid_duplicates", s);
     }
-    if (f != KvFormat::kNvFP4DsMla) {  // swapab's 16-head blocks (SMLA_SM90_SWAPAB_HGROUPS=1; else h64.ws):
-      // H not a multiple of 16 (the tail heads masked), sink in the kernel and in the merge, counts
+    if (f != KvFormat::kNvFP4DsMla) {  // h64.ws just past swapab's H <= 16 (session 12's head-group shapes):
+      // H not a multiple of 16, sink in the kernel and in the merge, counts
       {
         auto s = base(f, 300, 20, 256);  // no split, 4 tiles per block
         s.use_counts = true, s.sink = true;
@@ -529,8 +527,8 @@ INSTANTIATE_TEST_SUITE_P(Cases, SparseMlaQuant, ::testing::ValuesIn(cases()),
 
 // nvfp4_ds_mla rows whose 16-value blocks span magnitudes 2^-14 .. 2^2: subnormal e4m3 block scales and
 // the smallest one (2^-9), codes of 0.5 times them (the swap-AB kernel's bf16 subnormals:
-// docs/perf-history.md#s12-swapab-nvfp4), on the variant the table picks (h64.ws; swapab at H <= 16 with
-// SMLA_SM90_SWAPAB_NVFP4=1), against the float64 reference on the dequantized rows (DESIGN.md §8).
+// docs/perf-history.md#s12-swapab-nvfp4), on the variant the table picks (h64.ws; swapab at H <= 16),
+// against the float64 reference on the dequantized rows (DESIGN.md §8).
 TEST(SparseMlaQuantNvfp4, BlockScalesOverTheirRange) {
   REQUIRE_GPU();
   for (const auto& [T, H, K] : {std::array<int, 3>{4, 16, 2048}, {64, 8, 300}, {3, 1, 77}}) {
@@ -638,209 +636,6 @@ TEST(SparseMlaQuantReport, ErrorAgainstBf16Cache) {
   }
 }
 
-// ---- swapab's opt-in variants against the default kernel, bit for bit (docs/perf-history.md s12) --------
-
-// A problem's buffers on the device; call() runs heads [h0, h0 + nh) of it (q, q_rope, out, lse and
-// sink offset by h0 heads, the other strides kept) with a fixed split count, fetch() copies out and
-// lse back into the host problem, poison() refills the device out with 0xff (NaN) and lse with NaN.
-class DeviceProblem {
- public:
-  explicit DeviceProblem(smla::testing::HostProblem& hp) : hp_(hp), p_(hp.params) {
-    p_.q = put(hp.q);
-    if (hp.params.q_rope != nullptr) p_.q_rope = put(hp.q_rope);
-    p_.kv = put(hp.kv);
-    p_.idx = static_cast<const int32_t*>(put(hp.idx));
-    if (hp.params.counts != nullptr) p_.counts = static_cast<const int32_t*>(put(hp.counts));
-    if (hp.params.sink != nullptr) p_.sink = static_cast<const float*>(put(hp.sink));
-    p_.out = put(hp.out);
-    if (hp.params.lse != nullptr) p_.lse = static_cast<float*>(put(hp.lse));
-  }
-  ~DeviceProblem() {
-    for (void* ptr : bufs_) cudaFree(ptr);
-  }
-  DeviceProblem(const DeviceProblem&) = delete;
-  DeviceProblem& operator=(const DeviceProblem&) = delete;
-
-  // The variant that runs heads [h0, h0 + nh) (the table's choice for nh heads).
-  std::string variant(int nh) const {
-    smla::SparseMlaParams p = p_;
-    p.num_heads = nh;
-    const smla::CudaVariant* v = smla::cuda_variant_for(smla::geometry_of(p), smla::any_sm90_device());
-    return v != nullptr ? v->name : "none";
-  }
-  void call(int h0, int nh, int splits) {
-    smla::SparseMlaParams p = p_;
-    p.num_heads = nh;
-    const int qb = smla::dtype_bytes(p.q_dtype), ob = smla::dtype_bytes(p.out_dtype);
-    p.q = static_cast<const uint8_t*>(p_.q) + int64_t(h0) * p_.q_stride_h * qb;
-    if (p.q_rope != nullptr) p.q_rope = static_cast<const uint8_t*>(p_.q_rope) + int64_t(h0) * p_.q_rope_stride_h * qb;
-    p.out = static_cast<uint8_t*>(p_.out) + int64_t(h0) * p_.out_stride_h * ob;
-    if (p.lse != nullptr) p.lse = p_.lse + h0;
-    if (p.sink != nullptr) p.sink = p_.sink + h0;
-    const size_t wsb = smla::cuda::sparse_mla_workspace_bytes(p, smla::cuda::device_info(0).num_sms, splits);
-    void* ws = nullptr;
-    if (wsb > 0) ASSERT_EQ(cudaMalloc(&ws, wsb), cudaSuccess);
-    smla::cuda::sparse_mla(p, ws, wsb, nullptr, splits);
-    const cudaError_t e = cudaDeviceSynchronize();
-    if (ws != nullptr) cudaFree(ws);
-    ASSERT_EQ(e, cudaSuccess) << cudaGetErrorString(e);
-  }
-  void fetch() {
-    ASSERT_EQ(cudaMemcpy(hp_.out.data(), p_.out, hp_.out.size(), cudaMemcpyDeviceToHost), cudaSuccess);
-    if (p_.lse != nullptr)
-      ASSERT_EQ(cudaMemcpy(hp_.lse.data(), p_.lse, hp_.lse.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
-  }
-  void poison() {
-    ASSERT_EQ(cudaMemset(p_.out, 0xff, hp_.out.size()), cudaSuccess);
-    if (p_.lse != nullptr) ASSERT_EQ(cudaMemset(p_.lse, 0xff, hp_.lse.size() * 4), cudaSuccess);
-  }
-
- private:
-  template <typename V>
-  void* put(const V& v) {
-    const size_t bytes = v.size() * sizeof(v[0]);
-    void* d = nullptr;
-    EXPECT_EQ(cudaMalloc(&d, std::max<size_t>(bytes, 16)), cudaSuccess);
-    bufs_.push_back(d);
-    if (bytes > 0) EXPECT_EQ(cudaMemcpy(d, v.data(), bytes, cudaMemcpyHostToDevice), cudaSuccess);
-    return d;
-  }
-  smla::testing::HostProblem& hp_;
-  smla::SparseMlaParams p_;
-  std::vector<void*> bufs_;
-};
-
-// The fp8 formats swapab runs in this process (fp8_e4m3 unless SMLA_SM90_SWAPAB_E4M3=0).
-std::vector<KvFormat> swapab_formats() {
-  std::vector<KvFormat> v{KvFormat::kFP8DsMla};
-  if (smla::swapab_e4m3_enabled()) v.push_back(KvFormat::kFP8E4M3);
-  return v;
-}
-
-// Head groups (SMLA_SM90_SWAPAB_HGROUPS=1 or 64): a call of H heads runs ceil(H / 16) blocks of 16 heads
-// per (token, split); each block's work is exactly a 16-head call on those heads (q, out, LSE, sink
-// offset, the tail masked), so the H-head call must equal the calls on heads [0, 16), [16, 32), ...
-// bit for bit at the same split count (the default H <= 16 kernel, verified on the H200). The H-head
-// call is also checked against the float64 reference.
-TEST(SwapAbHeadGroups, SameBitsAsSixteenHeadCalls) {
-  REQUIRE_GPU();
-  if (!smla::swapab_enabled() || smla::swapab_max_heads() <= 16)
-    GTEST_SKIP() << "swapab's head groups are opt-in: run with SMLA_SM90_SWAPAB_HGROUPS=1 (or 64)";
-  struct Shape {
-    int64_t T;
-    int H, K, splits;
-  };
-  std::vector<Shape> shapes = {{300, 32, 256, 1}, {3, 20, 2048, 4}, {1, 31, 2048, 8}, {130, 17, 200, 1}};
-  if (smla::swapab_max_heads() >= 64) shapes.push_back({4, 64, 500, 2}), shapes.push_back({2, 48, 2048, 3});
-  // nvfp4_ds_mla too when both switches are on (its 8 smaller stages and its V layout under head groups)
-  std::vector<KvFormat> formats = swapab_formats();
-  if (smla::swapab_nvfp4_enabled()) formats.push_back(KvFormat::kNvFP4DsMla);
-  for (KvFormat f : formats)
-    for (const Shape& sh : shapes) {
-      auto spec = base(f, sh.T, sh.H, sh.K);
-      spec.sink = true, spec.use_counts = sh.T > 100;
-      const uint64_t seed = fresh_seed();
-      auto hp = smla::testing::make_problem(spec, seed);
-      const std::string what = std::string(short_name(f)) + " T " + std::to_string(sh.T) + " H " +
-                               std::to_string(sh.H) + " splits " + std::to_string(sh.splits);
-      SCOPED_TRACE(what + " (seed " + std::to_string(seed) + ")");
-      DeviceProblem d(hp);
-      ASSERT_EQ(d.variant(sh.H), "swapab");
-      d.call(0, sh.H, sh.splits);
-      d.fetch();
-      std::vector<double> ref_out, ref_lse;
-      reference(hp, ref_out, ref_lse);
-      const auto diff = smla::testing::compare(hp, ref_out, ref_lse);
-      EXPECT_EQ(diff.nonfinite, 0);
-      EXPECT_LE(diff.rel_l2, 1e-2);
-      EXPECT_LE(diff.lse_max_abs, 1e-3);
-      const auto out_all = hp.out;
-      const auto lse_all = hp.lse;
-      d.poison();
-      for (int h0 = 0; h0 < sh.H; h0 += 16) {
-        ASSERT_EQ(d.variant(std::min(16, sh.H - h0)), "swapab");
-        d.call(h0, std::min(16, sh.H - h0), sh.splits);
-      }
-      d.fetch();
-      EXPECT_EQ(std::memcmp(out_all.data(), hp.out.data(), out_all.size()), 0) << "out differs";
-      EXPECT_EQ(std::memcmp(lse_all.data(), hp.lse.data(), lse_all.size() * 4), 0) << "LSE differs";
-    }
-}
-
-// Restores the environment's stage hold however the test ends.
-struct HoldGuard {
-  ~HoldGuard() { k::set_swapab_hold_for_testing(-1); }
-};
-
-// The early stage hold (SMLA_SM90_SWAPAB_HOLD=early) reads the same bytes into the same fragments and
-// changes only when the stage is released: out and LSE bit-identical to the default hold, in one
-// process (set_swapab_hold_for_testing), and within DESIGN.md §8 of the float64 reference.
-TEST(SwapAbHold, EarlyReleaseBitIdentical) {
-  REQUIRE_GPU();
-  if (!smla::swapab_enabled()) GTEST_SKIP() << "swapab is turned off (SMLA_SM90_SWAPAB=0)";
-  HoldGuard guard;
-  if (!smla::swapab_e4m3_enabled())
-    std::printf("[ note     ] fp8_e4m3 rows not compared: SMLA_SM90_SWAPAB_E4M3=0 turned them off\n");
-  std::vector<std::pair<std::string, ProblemSpec>> specs;
-  for (KvFormat f : swapab_formats()) {
-    const std::string fn = short_name(f);
-    auto s = base(f, 300, 16, 256);  // no split, the ring wraps, counts, sink in the kernel
-    s.use_counts = true, s.sink = true;
-    specs.push_back({fn + "_T300_H16_K256_counts_sink", s});
-    s = base(f, 3, 16, 2048);  // split, sink in the merge, LSE base 2
-    s.sink = true, s.lse_mode = LseMode::kBase2;
-    specs.push_back({fn + "_T3_H16_K2048_split_sink_lse2", s});
-    s = base(f, 5, 16, 500);
-    s.invalid_fraction = 0.6, s.num_rows = 50, s.all_invalid_row = true;
-    specs.push_back({fn + "_T5_H16_invalid_duplicates", s});
-    s = base(f, 1, 8, 2048);
-    s.rope_dim = 0;
-    specs.push_back({fn + "_T1_H8_K2048_D512", s});
-    s = base(f, 200, 3, 1024);
-    s.q_pair = true, s.lse_mode = LseMode::kOff;
-    specs.push_back({fn + "_T200_H3_K1024_qpair_lse_off", s});
-    if (f == KvFormat::kFP8DsMla) {  // an e4m3 q (auto: widened on swapab)
-      s = base(f, 4, 16, 300);
-      s.q_dtype = DType::kE4M3, s.q_scale = 0.1f;
-      specs.push_back({fn + "_qe4m3_T4_H16_K300", s});
-    }
-    if (smla::swapab_max_heads() >= 32) {  // with the head groups
-      s = base(f, 3, 20, 2048);
-      s.sink = true;
-      specs.push_back({fn + "_T3_H20_K2048_split_sink", s});
-      s = base(f, 150, 32, 256);
-      specs.push_back({fn + "_T150_H32_K256", s});
-    }
-  }
-  for (const auto& [name, spec] : specs) {
-    const uint64_t seed = fresh_seed();
-    auto hp = smla::testing::make_problem(spec, seed);
-    SCOPED_TRACE(name + " (seed " + std::to_string(seed) + ")");
-    const smla::CudaVariant* v = smla::cuda_variant_for(smla::geometry_of(hp.params), smla::any_sm90_device());
-    ASSERT_NE(v, nullptr);
-    ASSERT_STREQ(v->name, "swapab");
-    const auto out_poison = hp.out;
-    const auto lse_poison = hp.lse;
-    k::set_swapab_hold_for_testing(0);
-    smla::cuda::sparse_mla_from_host(hp.params, hp.kv_bytes());
-    const auto out_whole = hp.out;
-    const auto lse_whole = hp.lse;
-    hp.out = out_poison, hp.lse = lse_poison;
-    hp.bind();
-    k::set_swapab_hold_for_testing(1);
-    smla::cuda::sparse_mla_from_host(hp.params, hp.kv_bytes());
-    k::set_swapab_hold_for_testing(-1);
-    EXPECT_EQ(std::memcmp(out_whole.data(), hp.out.data(), out_whole.size()), 0) << "out differs";
-    EXPECT_EQ(std::memcmp(lse_whole.data(), hp.lse.data(), lse_whole.size() * 4), 0) << "LSE differs";
-    std::vector<double> ref_out, ref_lse;
-    reference(hp, ref_out, ref_lse);
-    const auto diff = smla::testing::compare(hp, ref_out, ref_lse);
-    EXPECT_EQ(diff.nonfinite, 0);
-    EXPECT_LE(diff.rel_l2, 1e-2);
-    EXPECT_LE(diff.lse_max_abs, 1e-3);
-  }
-}
-
 // swapab's outputs across two binaries (an instruction diet, a scheduling change: anything that must
 // not move a bit; docs/perf-history.md#s12-swapab-diet). Fixed seeds, so two builds see the same
 // inputs; out and LSE are digested (FNV-1a 64 of their bytes) per case and hold. With
@@ -856,13 +651,10 @@ uint64_t fnv1a(const void* data, size_t n, uint64_t h = 1469598103934665603ull) 
 
 TEST(SwapAbDigest, SameBitsAcrossBinaries) {
   REQUIRE_GPU();
-  if (!smla::swapab_enabled()) GTEST_SKIP() << "swapab is turned off (SMLA_SM90_SWAPAB=0)";
   const char* path = std::getenv("SMLA_SWAPAB_DIGESTS");
   if (path == nullptr || *path == '\0')
     GTEST_SKIP() << "set SMLA_SWAPAB_DIGESTS=FILE (the first binary records, the second compares)";
-  HoldGuard guard;
-  std::vector<KvFormat> formats = swapab_formats();
-  if (smla::swapab_nvfp4_enabled()) formats.push_back(KvFormat::kNvFP4DsMla);
+  const std::vector<KvFormat> formats = {KvFormat::kFP8DsMla, KvFormat::kFP8E4M3, KvFormat::kNvFP4DsMla};
   std::vector<std::pair<std::string, ProblemSpec>> specs;
   for (KvFormat f : formats) {
     const std::string fn = short_name(f);
@@ -894,17 +686,16 @@ TEST(SwapAbDigest, SameBitsAcrossBinaries) {
   uint64_t seed = 0x5eed0000ull;
   for (const auto& [name, spec] : specs) {
     ++seed;
-    for (int hold : {0, 1}) {
-      if (hold == 1 && spec.format == KvFormat::kNvFP4DsMla) continue;  // (nvfp4: the whole hold only)
+    {
       auto hp = smla::testing::make_problem(spec, seed);
-      const std::string key = name + (hold ? "_early" : "_whole");
+      // (the "_whole" suffix: the stage hold of session 12's digests, so that a file recorded by a binary of
+      // that time still compares; its "_early" lines are not looked up)
+      const std::string key = name + "_whole";
       SCOPED_TRACE(key + " (seed " + std::to_string(seed) + ")");
       const smla::CudaVariant* v = smla::cuda_variant_for(smla::geometry_of(hp.params), smla::any_sm90_device());
       ASSERT_NE(v, nullptr);
       ASSERT_STREQ(v->name, "swapab");
-      k::set_swapab_hold_for_testing(hold);
       smla::cuda::sparse_mla_from_host(hp.params, hp.kv_bytes());
-      k::set_swapab_hold_for_testing(-1);
       std::vector<double> ref_out, ref_lse;
       reference(hp, ref_out, ref_lse);
       const auto diff = smla::testing::compare(hp, ref_out, ref_lse);

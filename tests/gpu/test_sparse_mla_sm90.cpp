@@ -257,7 +257,7 @@ TEST(SparseMlaSm90Edge, SplitAndNoSplitAgree) {
 }
 
 // Two identical runs (split and not split) are bit-identical (bf16 H = 64; fp8_ds_mla H = 16 and
-// 32: the swap-AB kernel at H = 16 when it is on; nvfp4_ds_mla H = 16: swapab with SMLA_SM90_SWAPAB_NVFP4=1).
+// 32: the swap-AB kernel at H = 16; nvfp4_ds_mla H = 16: swapab).
 TEST(SparseMlaSm90Edge, Deterministic) {
   REQUIRE_GPU();
   for (int64_t T : {int64_t(2), int64_t(300)})
@@ -278,8 +278,7 @@ TEST(SparseMlaSm90Edge, Deterministic) {
 }
 
 // A captured graph replays the direct launch bit for bit (no allocation or sync inside): bf16, and
-// fp8_ds_mla (H = 16: the swap-AB kernel when it is on), nvfp4_ds_mla H = 16 (swapab with
-// SMLA_SM90_SWAPAB_NVFP4=1).
+// fp8_ds_mla (H = 16: the swap-AB kernel), nvfp4_ds_mla H = 16 (swapab).
 TEST(SparseMlaSm90Edge, GraphCaptureReplays) {
   REQUIRE_GPU();
   for (auto [f, H] : {std::pair{KvFormat::kBF16, 32}, std::pair{KvFormat::kFP8DsMla, 16}, std::pair{KvFormat::kFP8DsMla, 32},
@@ -383,23 +382,18 @@ TEST(SparseMlaSm90Routing, Variants) {
     const smla::CudaVariant* v = smla::cuda_variant_for(g, smla::any_sm90_device());
     return std::string(v != nullptr ? v->name : "none");
   };
-  // swapab's H limit: 16, or 32 / 64 under the opt-in SMLA_SM90_SWAPAB_HGROUPS (16-head blocks).
-  const int hmax = smla::swapab_max_heads();
+  const int hmax = smla::kSwapAbMaxHeads;  // swapab's H limit (16)
   for (int H : {1, 16, 17, 20, 31, 32, 33, 64, 96, 128}) {
     EXPECT_EQ(variant(KvFormat::kBF16, H, DType::kBF16), "h64.ws") << H;
     EXPECT_EQ(variant(KvFormat::kFP16, H, DType::kFP16), "h64.ws") << H;
-    // fp8_e4m3 rows: the swap-AB kernel unless SMLA_SM90_SWAPAB_E4M3=0 (or SMLA_SM90_SWAPAB=0)
-    const std::string e4 = H <= hmax && smla::swapab_enabled() && smla::swapab_e4m3_enabled() ? "swapab" : "h64.ws";
+    // fp8_e4m3 rows: the swap-AB kernel at H <= 16
+    const std::string e4 = H <= hmax ? "swapab" : "h64.ws";
     EXPECT_EQ(variant(KvFormat::kFP8E4M3, H, DType::kBF16), e4) << H;
-    // fp8_ds_mla with a bf16 q at H <= 16: the swap-AB kernel when SMLA_SM90_SWAPAB turns it on.
-    // ... and at H > 64 the crossover variant with SMLA_SM90_CROSSOVER=1 (opt-in).
-    const std::string ds = H <= hmax && smla::swapab_enabled() ? "swapab"
-                           : H > 64 && smla::crossover_enabled() ? "h128.xo"
-                                                                 : "h64.ws";
+    // fp8_ds_mla with a bf16 q at H <= 16: the swap-AB kernel.
+    const std::string ds = H <= hmax ? "swapab" : "h64.ws";
     EXPECT_EQ(variant(KvFormat::kFP8DsMla, H, DType::kBF16), ds) << H;
-    // nvfp4_ds_mla rows: the swap-AB kernel only with SMLA_SM90_SWAPAB_NVFP4=1 (opt-in; with the head groups
-    // too: supports_sm90_swapab's H limit is swapab_max_heads() for every format)
-    const std::string nv = H <= hmax && smla::swapab_enabled() && smla::swapab_nvfp4_enabled() ? "swapab" : "h64.ws";
+    // nvfp4_ds_mla rows: the swap-AB kernel at H <= 16 (session 12)
+    const std::string nv = H <= hmax ? "swapab" : "h64.ws";
     EXPECT_EQ(variant(KvFormat::kNvFP4DsMla, H, DType::kBF16), nv) << H;
     EXPECT_EQ(variant(KvFormat::kNvFP4DsMla, H, DType::kBF16, smla::ScorePrecision::kBF16), nv) << H;
     // A 16-bit q: auto and an explicit bf16 are the same path.
@@ -411,16 +405,16 @@ TEST(SparseMlaSm90Routing, Variants) {
     // An e4m3 q: scored on the fp8 tensor cores by default (auto) or on request, widened to bf16
     // exactly when bf16 scores are asked for; fp8_ds_mla at H <= 16: widened on the swap-AB kernel
     // under auto and bf16 (faster there), fp8 tensor cores only on request.
-    const bool ds_small = H <= hmax && smla::swapab_enabled();
+    const bool ds_small = H <= hmax;
     EXPECT_EQ(variant(KvFormat::kFP8E4M3, H, DType::kE4M3), "h64.ws.q8") << H;
     EXPECT_EQ(variant(KvFormat::kFP8DsMla, H, DType::kE4M3), ds_small ? "swapab" : "h64.ws.q8") << H;
     EXPECT_EQ(variant(KvFormat::kFP8E4M3, H, DType::kE4M3, fp8), "h64.ws.q8") << H;
     EXPECT_EQ(variant(KvFormat::kFP8DsMla, H, DType::kE4M3, fp8), "h64.ws.q8") << H;
     EXPECT_EQ(variant(KvFormat::kFP8E4M3, H, DType::kE4M3, bf16),
-              H <= hmax && smla::swapab_enabled() && smla::swapab_e4m3_enabled() ? "swapab" : "h64.ws")
+              H <= hmax ? "swapab" : "h64.ws")
         << H;
     EXPECT_EQ(variant(KvFormat::kFP8DsMla, H, DType::kE4M3, bf16),
-              ds_small ? "swapab" : H > 64 && smla::crossover_enabled() ? "h128.xo" : "h64.ws")
+              ds_small ? "swapab" : "h64.ws")
         << H;
     // fp8 scores need an e4m3 q (and an e4m3 q an fp8 cache).
     EXPECT_EQ(variant(KvFormat::kFP8DsMla, H, DType::kBF16, fp8), "none") << H;

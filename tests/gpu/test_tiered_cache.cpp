@@ -540,61 +540,6 @@ TEST(TieredGpu, EarlyReadSmall) {
   }
 }
 
-// The slot-mask mode (SMLA_HISPARSE_SLOTMASK, s12: hits mark a shared slot mask instead of exchanging
-// their stamps; striped stamp reads, the chosen keys numbered by the block scan, the misses' slots found
-// in shared memory), forced on and off in one process, over the shapes that reach each of its paths:
-// the default shape (two tokens per request: write_rows, the small choice and the marked-stamp pass of
-// all-hit steps), one request of K = 2048 (one token: write_row_from_regs with the shared-memory
-// lookup at 90 % reuse, the sorts with the marked stamps written first at 0 / 50 %), 40 requests of
-// K = 512 with early reads, a clock past 2^18 (64-bit keys: the sorts), and R = 4800 (the 16-key
-// kernel, where the mode is compiled out). Each step equals the CPU reference (map, slot positions,
-// stamps, flags, ids, counts, counters, hot rows) and attention over the hot buffer is bit-identical
-// to the resident cache, as in every run_sequence.
-struct SlotMaskOverride {
-  explicit SlotMaskOverride(int mode) { cuda::set_tiered_slot_mask_for_testing(mode); }
-  ~SlotMaskOverride() { cuda::set_tiered_slot_mask_for_testing(0); }
-};
-
-TEST(TieredGpu, SlotMaskMatches) {
-  REQUIRE_GPU();
-  const uint64_t seed = fresh_seed();
-  SCOPED_TRACE("seed " + std::to_string(seed));
-  Shape one;
-  one.K = 2048, one.reqs = 1, one.tpr = 1, one.max_positions = 16384;
-  Shape one_null = one;
-  one_null.null_req_of = true;
-  Shape many;
-  many.K = 512, many.reqs = 40, many.tpr = 1, many.max_positions = 2048, many.null_req_of = true;
-  for (int mode : {2, 1}) {
-    SCOPED_TRACE("slot-mask mode " + std::to_string(mode));
-    SlotMaskOverride o(mode);
-    EXPECT_EQ(cuda::tiered_slot_mask_on(), mode == 2);
-    run_sequence(KvFormat::kFP8DsMla, kRopeDim, 12, seed + 800 + uint64_t(mode));
-    run_sequence(KvFormat::kBF16, kRopeDim, 9, seed + 810 + uint64_t(mode), 0, 0, one);
-    run_sequence(KvFormat::kFP8DsMla, kRopeDim, 9, seed + 820 + uint64_t(mode), 0, 0, one_null);
-    run_sequence(KvFormat::kFP8DsMla, kRopeDim, 6, seed + 830 + uint64_t(mode), 0, 0, many);
-    run_sequence(KvFormat::kNvFP4DsMla, kRopeDim, 6, seed + 840 + uint64_t(mode), 0, (1u << 20) + 5);
-    run_sequence(KvFormat::kFP8DsMla, kRopeDim, 5, seed + 850 + uint64_t(mode), 4800);
-    {
-      EarlyReadOverride late(3);  // every copy block late: it copies all its old entries after the resolver
-      run_sequence(KvFormat::kFP8DsMla, kRopeDim, 8, seed + 860 + uint64_t(mode), 0, 0, one_null);
-    }
-  }
-}
-
-// A small slot-mask case for compute-sanitizer (racecheck / memcheck): 3 requests, K = 100, one token
-// each (write_row_from_regs with the lookup), and the default two-token shape.
-TEST(TieredGpu, SlotMaskSmall) {
-  REQUIRE_GPU();
-  const uint64_t seed = fresh_seed();
-  SCOPED_TRACE("seed " + std::to_string(seed));
-  SlotMaskOverride o(2);
-  Shape small;
-  small.K = 100, small.reqs = 3, small.tpr = 1, small.max_positions = 700, small.null_req_of = true;
-  run_sequence(KvFormat::kFP8DsMla, kRopeDim, 6, seed + 900, 0, 0, small);
-  run_sequence(KvFormat::kBF16, kRopeDim, 6, seed + 901);
-}
-
 // Resolve + attention captured once; the graph replays over new positions and lengths each step.
 TEST(TieredGpu, GraphReplayAcrossSteps) {
   REQUIRE_GPU();

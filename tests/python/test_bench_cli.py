@@ -51,7 +51,7 @@ def test_info_names_the_kernel_of_a_cuda_build():
     if "CUDA backend: built" not in out:
         pytest.skip("CPU-only build: no CUDA kernel to name")
     kernels = [line for line in out.splitlines() if "kernel on an SM90 GPU" in line]
-    # nvfp4_ds_mla at H <= 16: the swap-AB kernel (session 12; the test's environment drops SMLA_SM90_*)
+    # nvfp4_ds_mla at H <= 16: the swap-AB kernel (session 12)
     assert kernels == ["  kernel on an SM90 GPU: sm90/sparse_mla/nvfp4_ds_mla_d576/swapab"]
 
 

@@ -7,7 +7,6 @@ Skips when the package is not installed (pip install . or scripts/python-test).
 """
 
 import math
-import os
 
 import numpy as np
 import pytest
@@ -699,17 +698,14 @@ def test_kernel_for_names_the_score_variant():
     assert smla.kernel_for(64, 2048, format="fp8_e4m3", q_dtype="e4m3",
                            score_precision="fp8") == "sm90/sparse_mla/fp8_e4m3_d576/h64.ws.q8"
     assert smla.kernel_for(64, 2048, format="bf16") == "sm90/sparse_mla/bf16_d576/h64.ws"
-    # H <= 16 with bf16 scores: the swap-AB kernel for both fp8 caches (fp8_e4m3 since session 12), unless
-    # SMLA_SM90_SWAPAB=0 / SMLA_SM90_SWAPAB_E4M3=0 turn it off; auto keeps fp8_e4m3's e4m3 q on fp8 scores
-    swapab = os.environ.get("SMLA_SM90_SWAPAB", "") != "0"
-    e4 = swapab and os.environ.get("SMLA_SM90_SWAPAB_E4M3", "") != "0"
-    assert smla.kernel_for(16, 2048, format="fp8_ds_mla").endswith("/swapab" if swapab else "/h64.ws")
-    assert smla.kernel_for(16, 2048, format="fp8_e4m3").endswith("/swapab" if e4 else "/h64.ws")
-    assert smla.kernel_for(16, 2048, format="fp8_e4m3", q_dtype="e4m3",
-                           score_precision="bf16").endswith("/swapab" if e4 else "/h64.ws")
+    # H <= 16 with bf16 scores: the swap-AB kernel for the fp8 caches (fp8_e4m3 since session 12) and
+    # nvfp4_ds_mla (session 12); auto keeps fp8_e4m3's e4m3 q on fp8 scores
+    assert smla.kernel_for(16, 2048, format="fp8_ds_mla").endswith("/swapab")
+    assert smla.kernel_for(16, 2048, format="fp8_e4m3").endswith("/swapab")
+    assert smla.kernel_for(16, 2048, format="fp8_e4m3", q_dtype="e4m3", score_precision="bf16").endswith("/swapab")
     assert smla.kernel_for(16, 2048, format="fp8_e4m3", q_dtype="e4m3").endswith("/h64.ws.q8")
-    nv = swapab and os.environ.get("SMLA_SM90_SWAPAB_NVFP4", "") != "0"
-    assert smla.kernel_for(16, 2048, format="nvfp4_ds_mla").endswith("/swapab" if nv else "/h64.ws")
+    assert smla.kernel_for(16, 2048, format="nvfp4_ds_mla").endswith("/swapab")
+    assert smla.kernel_for(17, 2048, format="fp8_ds_mla").endswith("/h64.ws")
     # no variant computes fp8 scores from a bf16 q: the kernel family alone
     assert smla.kernel_for(64, 2048, format="fp8_ds_mla", score_precision="fp8") == base
     assert smla.kernel_name(64, 2048, format="fp8_ds_mla", q_dtype="e4m3") == base

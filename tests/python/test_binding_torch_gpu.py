@@ -7,7 +7,6 @@ Skips with a reason without PyTorch, a CUDA device, or a CUDA build of smla.
 """
 
 import math
-import os
 
 import numpy as np
 import pytest
@@ -481,12 +480,8 @@ def test_fp8_scores_plan_run_matches_cpu_reference(fmt, T, H, K, N):
                            device=0) == f"sm90/sparse_mla/{fmt}_d576/h64.ws.q8"
     # fp8_ds_mla at H <= 16: auto and bf16 scores run the swap-AB kernel, the q widened exactly (perf-history s11)
     # fp8_e4m3 at H <= 16: bf16 scores run it too (session 12), auto stays on the fp8 tensor cores
-    # (H <= 32 / 64 under the opt-in SMLA_SM90_SWAPAB_HGROUPS=1 / 64: swapab's 16-head blocks, perf-history s12)
-    hgroups = os.environ.get("SMLA_SM90_SWAPAB_HGROUPS", "")
-    hmax = 32 if hgroups in ("1", "32") else 64 if hgroups == "64" else 16
-    swapab_on = H <= hmax and os.environ.get("SMLA_SM90_SWAPAB", "") != "0"
-    small = fmt == "fp8_ds_mla" and swapab_on
-    small_bf16 = swapab_on and (fmt == "fp8_ds_mla" or os.environ.get("SMLA_SM90_SWAPAB_E4M3", "") != "0")
+    small = fmt == "fp8_ds_mla" and H <= 16
+    small_bf16 = H <= 16
     assert smla.kernel_for(H, K, format=fmt, q_dtype="e4m3", device=0).endswith(
         "/swapab" if small else "/h64.ws.q8")  # auto
     assert smla.kernel_for(H, K, format=fmt, q_dtype="e4m3", score_precision="bf16", device=0).endswith(

@@ -160,24 +160,10 @@ int bench_hisparse(const Args& a) {
   constexpr int kBlock = 64;
   const int max_blocks = int((L + kBlock - 1) / kBlock);
 
-  // The same-binary A/B switches (each read once per process): the attention as a programmatic
-  // dependent launch of the copy kernel (on only when "1"), the copy blocks' own reads and the copy
-  // kernel's early trigger (on unless "0"), and the resolver's slot-mask mode (SMLA_HISPARSE_SLOTMASK,
-  // on only when "1"; R <= 4608 only).
-  auto env_on = [](const char* name) {  // SMLA_HISPARSE_*: on unless "0"
-    const char* v = std::getenv(name);
-    return v == nullptr || std::string(v) != "0";
-  };
-  auto env_one = [](const char* name) {  // SMLA_ATTN_PDL: on only when "1"
-    const char* v = std::getenv(name);
-    return v != nullptr && std::string(v) == "1";
-  };
   std::printf("smla bench --hisparse on %s (%d SMs): K = %d, H = %d, context %lld tokens per request, %d timed steps "
-              "per case%s; SMLA_ATTN_PDL=%d SMLA_HISPARSE_EARLY=%d SMLA_HISPARSE_TRIGGER=%d SMLA_HISPARSE_SLOTMASK=%d\n",
+              "per case%s\n",
               dev.name.c_str(), dev.num_sms, K, H, (long long)L, reps,
-              late_copy ? "; --late-copy: host reads start after the resolver's end" : "", env_one("SMLA_ATTN_PDL") ? 1 : 0,
-              env_on("SMLA_HISPARSE_EARLY") ? 1 : 0, env_on("SMLA_HISPARSE_TRIGGER") ? 1 : 0,
-              cuda::tiered_slot_mask_on() ? 1 : 0);
+              late_copy ? "; --late-copy: host reads start after the resolver's end" : "");
   std::vector<std::string> json;
   for (KvFormat fmt : fmts) {
     const int rb = row_bytes(fmt, kRopeDim);
@@ -350,9 +336,9 @@ int bench_hisparse(const Args& a) {
                       "  {\"format\": \"%s\", \"B\": %lld, \"K\": %d, \"H\": %d, \"reuse_pct\": %lld, \"step_ms\": %.5f, "
                       "\"resident_ms\": %.5f, \"resolve_ms\": %.5f, \"gather_ms\": %.5f, \"misses_per_step\": %.1f, \"bytes_per_step\": %.0f, "
                       "\"miss_gbps\": %.3f, \"pinned_h2d_gbps\": %.3f, \"resolve_over_gather\": %.4f, "
-                      "\"step_over_resident\": %.4f, \"slot_mask\": %d}",
+                      "\"step_over_resident\": %.4f}",
                       std::string(to_string(fmt)).c_str(), B, K, H, reuse, t_step, t_resident, t_resolve, t_gather, misses,
-                      bytes, gbps, h2d, vs_gather, t_step / t_resident, cuda::tiered_slot_mask_on() ? 1 : 0);
+                      bytes, gbps, h2d, vs_gather, t_step / t_resident);
         json.push_back(js);
       }
     }

@@ -201,58 +201,6 @@ __device__ __forceinline__ void cp_async_16_zfill_l2(uint32_t dst, const void* s
       "l"(src), "r"(valid ? 16 : 0), "r"(int(fetch_128))
       : "memory");
 }
-// 8 bytes of read-only global memory into two registers, not allocated in L1 (rows read once per
-// block). Volatile: it stays where it is written, so a load issued a tile ahead stays ahead (the
-// thread only waits for it where the registers are first read).
-__device__ __forceinline__ void ld_global_nc_v2(uint32_t& lo, uint32_t& hi, const void* src) {
-  asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];\n" : "=r"(lo), "=r"(hi) : "l"(src));
-}
-// ---- thread-block clusters (the crossover kernel, kernel_xo.cuh): distributed shared memory.
-__device__ __forceinline__ uint32_t cluster_ctarank() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-  return r;
-}
-// The shared::cluster address of shared-memory address `addr` (of this CTA's layout) in CTA `rank`.
-__device__ __forceinline__ uint32_t mapa_shared(uint32_t addr, uint32_t rank) {
-  uint32_t r;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(addr), "r"(rank));
-  return r;
-}
-// Every thread of the cluster arrives (release) and waits (acquire); warp-uniform.
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-// Arrives on an mbarrier of another CTA of the cluster (`remote`: a mapa_shared address), with no
-// cluster-scope fence (.release.cta: the form CUTLASS's ClusterBarrier::arrive(cta, pred) emits). For
-// hand-offs that carry no data, only "the reads of this buffer are done" (write-after-read): the reads
-// completed before the arrival was issued, and the peer writes only after it observes it. A
-// .release.cluster arrival compiles to MEMBAR.ALL.GPU + ERRBAR + CGAERRBAR in front of the arrive: a
-// GPU-scope release waits until this thread's earlier loads are performed (kernel_xo.cuh's producer has
-// just issued its next tile's loads there: a DRAM round trip per arrival; its cp.async copies perhaps too).
-__device__ __forceinline__ void mbar_arrive_remote(uint32_t remote) {
-  asm volatile("mbarrier.arrive.release.cta.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
-}
-// Adds `bytes` to the transactions the current phase of this CTA's mbarrier waits for (no arrival).
-__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-// mbar_wait with acquire at cluster scope (the phase was completed from another CTA).
-__device__ __forceinline__ void mbar_wait_cluster(uint32_t bar, uint32_t parity) {
-  asm volatile(
-      "{\n.reg .pred done;\nwait_%=:\n"
-      "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra wait_%=;\n}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
-}
-// 16 bytes into another CTA's shared memory (`remote`, a mapa_shared address), completing 16
-// bytes of transactions on its mbarrier `remote_bar` once written.
-__device__ __forceinline__ void st_async_v4(uint32_t remote, const uint32_t (&v)[4], uint32_t remote_bar) {
-  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];\n" ::"r"(remote),
-               "r"(v[0]), "r"(v[1]), "r"(v[2]), "r"(v[3]), "r"(remote_bar)
-               : "memory");
-}
 // Named barriers 1..15 over `count` threads (a multiple of 32); 0 is __syncthreads.
 __device__ __forceinline__ void named_sync(uint32_t id, uint32_t count) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");

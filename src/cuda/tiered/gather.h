@@ -21,18 +21,13 @@ void set_tiered_copy_blocks_for_testing(int blocks_per_request);
 // resolver's end (session 9's schedule, for an A/B in one run); results are the same.
 void set_tiered_copy_late_for_testing(bool late);
 // Tests only: the copy blocks' own reads (early mode, resolve.cu's copy_early) for the following
-// resolve_tiered calls in this process: 0 = as SMLA_HISPARSE_EARLY says (on unless "0"), 1 = off,
-// 2 = on where the call's shape allows it, 3 = on and every copy block takes the late path (it
+// resolve_tiered calls in this process: 0 = the default (on where the call's shape allows it), 1 = off
+// (the job list), 2 = on where the call's shape allows it, 3 = on and every copy block takes the late path (it
 // copies all its old entries after the resolver's end). Results are the same in every mode.
 void set_tiered_early_read_for_testing(int mode);
 // `smla bench --hisparse --phases` only: a device buffer of 16 uint64 that the following
 // resolve_tiered calls fill with %globaltimer stamps (resolve.cu's Phase; null: none). The caller
 // zeroes it (slot 8, the earliest copy block's start, to all ones) before each step.
 void set_tiered_phase_buffer_for_testing(uint64_t* stamps);
-// Tests only: the slot-mask mode (SMLA_HISPARSE_SLOTMASK, s12) for the following resolve_tiered calls
-// in this process: 0 = as the variable says (on only when "1"), 1 = off, 2 = on. Results are the
-// same either way. tiered_slot_mask_on says which the next call takes (the benchmark prints it).
-void set_tiered_slot_mask_for_testing(int mode);
-bool tiered_slot_mask_on();
 
 }  // namespace smla::cuda

@@ -30,7 +30,7 @@
 // most kTieredCopyFlags, about 2 x #SMs blocks in all; up to kCopyRoundUnroll loads in flight per
 // thread per round.
 //
-// Early mode (s11, SMLA_HISPARSE_EARLY, on unless "0"; one token per request and a request's copy
+// Early mode (s11; one token per request and a request's copy
 // blocks covering its K entries at one per thread): the copy blocks do not wait for a job list.
 // Each reads its own share of the token's entries (positions, map, block table) at its start and
 // issues the host reads of the misses it sees before the resolver has claimed anything; the
@@ -53,7 +53,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <atomic>
 #include <climits>
 #include <cstdlib>
 #include <string>
@@ -90,41 +89,8 @@ constexpr int kCopyRoundUnroll = 8;
 constexpr int kCopyBlocksPerSm = 2;
 int copy_blocks_override = 0;        // set_tiered_copy_blocks_for_testing (0: the launcher's choice)
 bool copy_late = false;              // set_tiered_copy_late_for_testing: the first loads wait for the resolver's end
-int early_read_mode = 0;             // set_tiered_early_read_for_testing (0: SMLA_HISPARSE_EARLY decides)
+int early_read_mode = 0;             // set_tiered_early_read_for_testing (0: the launcher's choice)
 uint64_t* phase_buffer = nullptr;    // set_tiered_phase_buffer_for_testing
-int slot_mask_mode = 0;              // set_tiered_slot_mask_for_testing (0: SMLA_HISPARSE_SLOTMASK decides)
-
-// SMLA_HISPARSE_TRIGGER (read once per process): 0 removes copy_kernel's griddepcontrol.launch_dependents
-// (a PDL-launched attention, SMLA_ATTN_PDL=1, then starts as the copy blocks exit).
-bool copy_trigger_env() {
-  static const bool on = [] {
-    const char* v = std::getenv("SMLA_HISPARSE_TRIGGER");
-    return v == nullptr || std::string(v) != "0";
-  }();
-  return on;
-}
-
-// SMLA_HISPARSE_EARLY (read once per process): 0 turns the copy blocks' own reads (copy_early) off.
-bool early_read_env() {
-  static const bool on = [] {
-    const char* v = std::getenv("SMLA_HISPARSE_EARLY");
-    return v == nullptr || std::string(v) != "0";
-  }();
-  return on;
-}
-
-// SMLA_HISPARSE_SLOTMASK (read once per process): "1" turns the slot-mask mode on (s12, perf-history
-// s12-hisparse-resolver): the hits mark their slots in a shared byte mask instead of exchanging their
-// stamps with global atomics; the marked slots' stamps are written `now` in slot order afterwards.
-// The small victim choice reads stamps and slot positions striped, numbers the chosen keys by the block
-// scan and finds the misses' slots in shared memory. Same results; off unless "1".
-bool slot_mask_env() {
-  static const bool on = [] {
-    const char* v = std::getenv("SMLA_HISPARSE_SLOTMASK");
-    return v != nullptr && std::string(v) == "1";
-  }();
-  return on;
-}
 
 // One missing row to copy: its host-pool row and its position (the slot it lands in is the final
 // position -> slot map's entry, which copy_kernel reads after the resolver's end).
@@ -169,8 +135,6 @@ struct ResolveParams {
   int early;                    // 1: the copy blocks read their own entries (copy_early); no job list is
                                 // written and a step with misses raises the flags right before its first
                                 // map write of a victim assignment (publish_before_assign)
-  int mask;                     // 1: the slot-mask mode (SMLA_HISPARSE_SLOTMASK): hits mark the slot mask (MaskSmem)
-                                // instead of exchanging their stamps; marked_store / the small path write them later
 };
 
 using Scan = cub::BlockScan<int, kThreads>;
@@ -178,9 +142,6 @@ using Scan = cub::BlockScan<int, kThreads>;
 template <int kItems_>
 struct ResolveSmem {
   static constexpr int kItems = kItems_, kKeys = kThreads * kItems_;
-  // The slot-mask mode is compiled into the 9-key kernel only (R <= 4608, K = 2048's R = 4224
-  // included): in the 16-key one its registers would spill; R > 4608 runs the default there.
-  static constexpr bool kMaskable = kItems_ == kItemsSmall;
   using SortPos = cub::BlockRadixSort<uint32_t, kThreads, kItems>;
   using SortSlot = cub::BlockRadixSort<uint64_t, kThreads, kItems>;
   union {
@@ -215,32 +176,6 @@ struct ResolveSmem {
   int32_t slot_old[kKeys];
 };
 static_assert(sizeof(ResolveSmem<kItemsLarge>) <= 227 * 1024);
-
-// The slot-mask mode's shared memory, right after ResolveSmem in the dynamic shared memory of a
-// launch in that mode (mask_smem), so that a default launch asks for what it did before: 1 for each
-// slot a hit of this step holds (zeroed at the block's start), the small path's candidate keys,
-// written in the striped order of their coalesced loads and read back blocked (tiered::padded_index:
-// no bank conflicts either way), and the per-warp counts of the search's three thresholds (two buffers).
-template <int kItems_>
-struct MaskSmem {
-  static constexpr int kKeys = kThreads * kItems_;
-  alignas(16) uint8_t need[kKeys];
-  alignas(16) uint32_t keyx[kKeys + kKeys / 32];
-  alignas(16) unsigned warp_count3[2][3][kThreads / 32];  // read 4 at a time
-};
-static_assert(sizeof(ResolveSmem<kItemsSmall>) % 16 == 0, "MaskSmem follows ResolveSmem 16-byte aligned");
-static_assert(sizeof(ResolveSmem<kItemsSmall>) + sizeof(MaskSmem<kItemsSmall>) <= 227 * 1024);
-
-template <class Smem>
-__device__ __forceinline__ MaskSmem<Smem::kItems>& mask_smem(Smem& sm) {
-  return *reinterpret_cast<MaskSmem<Smem::kItems>*>(reinterpret_cast<unsigned char*>(&sm) + sizeof(Smem));
-}
-
-// Whether this kernel runs the slot-mask mode (ResolveSmem::kMaskable and SMLA_HISPARSE_SLOTMASK).
-template <class Smem>
-__device__ __forceinline__ bool mask_on(const ResolveParams& p) {
-  return Smem::kMaskable && p.mask != 0;
-}
 
 // Host-pool row of a request-local position, or -1: logical_to_physical with one rank (the
 // device cache's paged rule), in 32-bit division (pos >= 0 and block_size >= 1 fit 32 bits, so
@@ -284,7 +219,7 @@ __device__ __forceinline__ int32_t ld_acquire(const int32_t* p) {
 enum Phase {
   kPhStart = 0, kPhTokens = 1, kPhClassified = 2, kPhAssigned = 3, kPhIds = 4, kPhEnd = 5, kPhSearched = 6,
   kPhRanked = 7, kPhCopyStart = 8, kPhCopyLoads = 9, kPhCopyFlag = 10, kPhCopyWait = 11, kPhCopyEnd = 12,
-  kPhKeys = 13  // the small path's candidate keys loaded (and, slot-mask mode, transposed): before the search
+  kPhKeys = 13  // the small path's candidate keys loaded: before the search
 };
 __device__ __forceinline__ void phase_stamp(uint64_t* ph, int slot) {
   if (ph != nullptr && blockIdx.x == 0 && threadIdx.x == 0) ph[slot] = ptx::globaltimer();
@@ -384,21 +319,13 @@ __device__ void classify_entries(const ResolveParams& p, int r, int32_t len, uin
 #pragma unroll
       for (int u = 0; u < kIlp; ++u) pool_row[u] = kind[u] == kOld ? int32_t(pool_row_of(p, r, pos[u])) : -1;
       // The hits' stamp exchanges go out together (one round trip, not kIlp); a position already
-      // stamped `now` by another entry of this step is not counted again. Slot-mask mode: the hit
-      // marks its slot in the slot mask instead (duplicates store the same 1); marked_store or the small
-      // victim choice stamps and counts the marked slots later.
+      // stamped `now` by another entry of this step is not counted again.
       uint32_t old[kIlp];
 #pragma unroll
       for (int u = 0; u < kIlp; ++u) old[u] = now;
-      if (mask_on<Smem>(p)) {
 #pragma unroll
-        for (int u = 0; u < kIlp; ++u)
-          if (slot[u] >= 0 && slot[u] < p.R - 1) mask_smem(sm).need[slot[u]] = 1;
-      } else {
-#pragma unroll
-        for (int u = 0; u < kIlp; ++u)
-          if (slot[u] >= 0) old[u] = atomicExch(&stamps[slot[u]], now);
-      }
+      for (int u = 0; u < kIlp; ++u)
+        if (slot[u] >= 0) old[u] = atomicExch(&stamps[slot[u]], now);
       // The exchanges' results are counted one pass late (the last pass's by count_hits, after the
       // ids are written), so their round trip is not waited for here.
 #pragma unroll
@@ -417,45 +344,19 @@ __device__ void classify_entries(const ResolveParams& p, int r, int32_t len, uin
       // The claimed positions join sm.miss (at most R - 1 distinct ones: the plan rule), one shared
       // atomic per warp and entry index (every thread of the block runs this loop).
       const int lane = int(threadIdx.x) & 31;
-      if (mask_on<Smem>(p)) {
-        // Slot-mask mode: one shared atomic per warp and pass for all kIlp entry indices (the
-        // default's kIlp each wait for the previous one's result on one contended word).
-        unsigned m[kIlp];
-        int total = 0;
 #pragma unroll
-        for (int u = 0; u < kIlp; ++u) m[u] = __ballot_sync(0xffffffffu, claimed[u]), total += __popc(m[u]);
-        if (total != 0) {  // warp-uniform
-          int at = 0;
-          if (lane == 0) at = atomicAdd(&sm.num_miss, total);
-          at = __shfl_sync(0xffffffffu, at, 0);
-#pragma unroll
-          for (int u = 0; u < kIlp; ++u) {
-            if (claimed[u]) {
-              const int idx = at + __popc(m[u] & ((1u << lane) - 1));
-              sm.miss[idx] = pos[u];
-              if (!p.early) {
-                jobs[idx] = CopyJob{prow[u], pos[u]};
-                wrote_jobs = true;
-              }
-            }
-            at += __popc(m[u]);
-          }
-        }
-      } else {
-#pragma unroll
-        for (int u = 0; u < kIlp; ++u) {
-          const unsigned m = __ballot_sync(0xffffffffu, claimed[u]);
-          if (m == 0) continue;
-          int at = 0;
-          if (lane == __ffs(m) - 1) at = atomicAdd(&sm.num_miss, __popc(m));
-          at = __shfl_sync(0xffffffffu, at, __ffs(m) - 1);
-          if (claimed[u]) {
-            const int idx = at + __popc(m & ((1u << lane) - 1));
-            sm.miss[idx] = pos[u];
-            if (!p.early) {  // the copy blocks start on these before the victims are known
-              jobs[idx] = CopyJob{prow[u], pos[u]};
-              wrote_jobs = true;
-            }
+      for (int u = 0; u < kIlp; ++u) {
+        const unsigned m = __ballot_sync(0xffffffffu, claimed[u]);
+        if (m == 0) continue;
+        int at = 0;
+        if (lane == __ffs(m) - 1) at = atomicAdd(&sm.num_miss, __popc(m));
+        at = __shfl_sync(0xffffffffu, at, __ffs(m) - 1);
+        if (claimed[u]) {
+          const int idx = at + __popc(m & ((1u << lane) - 1));
+          sm.miss[idx] = pos[u];
+          if (!p.early) {  // the copy blocks start on these before the victims are known
+            jobs[idx] = CopyJob{prow[u], pos[u]};
+            wrote_jobs = true;
           }
         }
       }
@@ -562,65 +463,6 @@ __device__ __forceinline__ void collect_chosen(const uint32_t (&key)[kItems], ui
   }
 }
 
-// Slot-mask mode: one block scan in slot order numbers both the keys below s* (sel[their index]) and
-// those at s* (tiered::scan_flags packs the two counts), so sel needs no shared atomics. rank_of
-// ranks sel whatever its order: the same pairs.
-template <int kItems, class Smem>
-__device__ __forceinline__ void collect_chosen_by_scan(const uint32_t (&key)[kItems], uint32_t s_star, unsigned c0,
-                                                       int need, Smem& sm) {
-  int f[kItems], off[kItems];
-#pragma unroll
-  for (int k = 0; k < kItems; ++k) f[k] = tiered::scan_flags(key[k], s_star);
-  int total;
-  Scan(sm.scan).ExclusiveSum(f, off, total);
-#pragma unroll
-  for (int k = 0; k < kItems; ++k) {
-    if (f[k] == 1 && tiered::at_index(off[k]) < need)
-      sm.slot_of_rank[int(c0) + tiered::at_index(off[k])] = tiered::key_slot(key[k]);
-    else if (f[k] == (1 << 16))
-      sm.sel[tiered::below_index(off[k])] = key[k];
-  }
-}
-
-// Slot-mask mode: the search for s* in rounds of three thresholds (tiered::search_thresholds /
-// search_round: the first gallops from lo, later ones split the range in four), one block barrier
-// per round: in a steady cache s* is the oldest candidate stamp or the next, found in one round
-// where the binary search takes ~4 (s11: ~0.3 µs each). Leaves lo == hi == s*, c0 = count(< s*).
-template <int kItems, class Smem>
-__device__ __forceinline__ void search_four_way(const uint32_t (&key)[kItems], int n, uint32_t& lo, uint32_t& hi,
-                                                unsigned& c0, Smem& sm) {
-  constexpr uint32_t kNone = 0xffffffffu;
-  const int lane = int(threadIdx.x) & 31, warp = int(threadIdx.x) >> 5;
-  for (int round = 0; lo < hi; ++round) {
-    uint32_t th[3];
-    tiered::search_thresholds(lo, hi, round, th);
-    unsigned c[3] = {0u, 0u, 0u};
-#pragma unroll
-    for (int k = 0; k < kItems; ++k) {
-      const uint32_t st = key[k] >> kSlotBits;  // kNone's is 2^19 - 1, above every threshold (< 2^18)
-      c[0] += key[k] != kNone && st <= th[0];
-      c[1] += key[k] != kNone && st <= th[1];
-      c[2] += key[k] != kNone && st <= th[2];
-    }
-#pragma unroll
-    for (int j = 0; j < 3; ++j) c[j] = __reduce_add_sync(0xffffffffu, c[j]);
-    if (lane == 0) {
-#pragma unroll
-      for (int j = 0; j < 3; ++j) mask_smem(sm).warp_count3[round & 1][j][warp] = c[j];
-    }
-    __syncthreads();  // two buffers: a warp rewrites this one only after the next barrier
-    unsigned total[3] = {0u, 0u, 0u};
-#pragma unroll
-    for (int j = 0; j < 3; ++j)
-#pragma unroll
-      for (int w = 0; w < kThreads / 32; w += 4) {
-        const uint4 v = *reinterpret_cast<const uint4*>(&mask_smem(sm).warp_count3[round & 1][j][w]);
-        total[j] += v.x + v.y + v.z + v.w;
-      }
-    tiered::search_round(lo, hi, c0, th, total, unsigned(n));
-  }
-}
-
 // Phase 2 for a step of n <= kSmallMisses misses whose LRU keys fit 32 bits (end_bit <= 31), with
 // no sort. The misses (distinct positions) are ranked by counting. The n smallest candidate keys
 // (stamp << kSlotBits | slot, distinct) are: every candidate whose stamp is below s*, the stamp of
@@ -631,64 +473,29 @@ __device__ __forceinline__ void search_four_way(const uint32_t (&key)[kItems], i
 // c0 keys below s* are collected and ranked by counting, those at s* take ranks c0 + their scan
 // index. Rank i of each side then meets as in assign_slots: the same pairs, so the same map,
 // slots and stamps.
-//
-// Slot-mask mode (p.mask): the stamps and slot positions are loaded striped (slot k * kThreads + t,
-// coalesced; the blocked order costs 9 lines per warp load), a slot marked in the slot mask is no
-// candidate, and a marked slot's stamp is written `now` in the same loop and counted as a hit when
-// its old stamp was not `now` (the return value: this thread's share of the hits). The keys reach the
-// blocked order through MaskSmem::keyx at the barrier that follows the warp min / max. The keys below s*
-// are numbered by the block scan that numbers those at s* (tiered::scan_flags), not collected by
-// shared atomics. The same pairs either way.
 template <class Smem>
-__device__ unsigned assign_slots_small(const ResolveParams& p, int r, uint32_t now, Smem& sm) {
+__device__ void assign_slots_small(const ResolveParams& p, int r, uint32_t now, Smem& sm) {
   constexpr int kItems = Smem::kItems;
   constexpr uint32_t kNone = 0xffffffffu, kSlotMask = (1u << kSlotBits) - 1;
   const int n = sm.num_miss;
   const int t = int(threadIdx.x), lane = t & 31, warp = t >> 5;
   uint32_t* stamps = p.stamps + int64_t(r) * p.R;
   int32_t* slot_pos = p.slot_pos + int64_t(r) * p.R;
-  unsigned marked_hits = 0;
   uint32_t key[kItems];
   uint32_t smin = kNone, smax = 0;
-  if (mask_on<Smem>(p)) {
-    uint32_t st[kItems];
+  // The candidate keys (padding and slots stamped `now`: kNone, never chosen), and each slot's
+  // position beside its stamp (one round trip for both).
 #pragma unroll
-    for (int k = 0; k < kItems; ++k) {
-      const int sl = k * kThreads + t;
-      st[k] = sl < p.R - 1 ? __ldcg(stamps + sl) : now;
-    }
-#pragma unroll
-    for (int k = 0; k < kItems; ++k) {
-      const int sl = k * kThreads + t;
-      sm.slot_old[sl] = sl < p.R - 1 ? __ldcg(slot_pos + sl) : -1;
-    }
-#pragma unroll
-    for (int k = 0; k < kItems; ++k) {
-      const int sl = k * kThreads + t;
-      const bool marked = sl < p.R - 1 && mask_smem(sm).need[sl] != 0;
-      const uint32_t kk = sl < p.R - 1 ? tiered::victim_key(st[k], sl, now, marked) : kNone;
-      if (marked) {
-        marked_hits += st[k] != now;
-        stamps[sl] = now;
-      }
-      mask_smem(sm).keyx[tiered::padded_index(sl)] = kk;
-      if (kk != kNone) smin = min(smin, kk >> kSlotBits), smax = max(smax, kk >> kSlotBits);
-    }
-  } else {
-    // The candidate keys (padding and slots stamped `now`: kNone, never chosen), and each slot's
-    // position beside its stamp (one round trip for both).
-#pragma unroll
-    for (int k = 0; k < kItems; ++k) {
-      const int sl = t * kItems + k;
-      const uint32_t st = sl < p.R - 1 ? stamps[sl] : now;
-      sm.slot_old[sl] = sl < p.R - 1 ? slot_pos[sl] : -1;
-      key[k] = st != now ? (st << kSlotBits) | uint32_t(sl) : kNone;
-    }
-    // The candidates' stamp range, per warp.
-#pragma unroll
-    for (int k = 0; k < kItems; ++k)
-      if (key[k] != kNone) smin = min(smin, key[k] >> kSlotBits), smax = max(smax, key[k] >> kSlotBits);
+  for (int k = 0; k < kItems; ++k) {
+    const int sl = t * kItems + k;
+    const uint32_t st = sl < p.R - 1 ? stamps[sl] : now;
+    sm.slot_old[sl] = sl < p.R - 1 ? slot_pos[sl] : -1;
+    key[k] = st != now ? (st << kSlotBits) | uint32_t(sl) : kNone;
   }
+  // The candidates' stamp range, per warp.
+#pragma unroll
+  for (int k = 0; k < kItems; ++k)
+    if (key[k] != kNone) smin = min(smin, key[k] >> kSlotBits), smax = max(smax, key[k] >> kSlotBits);
   smin = __reduce_min_sync(0xffffffffu, smin);
   smax = __reduce_max_sync(0xffffffffu, smax);
   if (lane == 0) sm.warp_min[warp] = smin, sm.warp_max[warp] = smax;
@@ -699,11 +506,7 @@ __device__ unsigned assign_slots_small(const ResolveParams& p, int r, uint32_t n
     const int rank = rank_of(sm.miss, n, q);
     sm.sorted_miss[rank] = q;
   }
-  __syncthreads();  // warp_min / warp_max (and keyx); sm.miss is read no more (the scan below reuses it)
-  if (mask_on<Smem>(p)) {
-#pragma unroll
-    for (int k = 0; k < kItems; ++k) key[k] = mask_smem(sm).keyx[tiered::padded_index(t * kItems + k)];
-  }
+  __syncthreads();  // warp_min / warp_max; sm.miss is read no more (the scan below reuses it)
   phase_stamp(p.phase, kPhKeys);
   uint32_t lo = kNone, hi = 0;
 #pragma unroll
@@ -711,8 +514,7 @@ __device__ unsigned assign_slots_small(const ResolveParams& p, int r, uint32_t n
   // s*: the least s in [lo, hi] with count(stamp <= s) >= n (there are >= n candidates: the plan
   // rule); c0 = count(stamp < s*), the count of the last probe that moved lo (0 if none did).
   unsigned c0 = 0;
-  if (mask_on<Smem>(p)) search_four_way(key, n, lo, hi, c0, sm);
-  for (int it = 0; lo < hi; ++it) {  // the default's binary search (slot-mask mode: lo == hi already)
+  for (int it = 0; lo < hi; ++it) {
     const uint32_t mid = lo + (hi - lo) / 2;
     unsigned c = 0;
 #pragma unroll
@@ -732,8 +534,7 @@ __device__ unsigned assign_slots_small(const ResolveParams& p, int r, uint32_t n
   const uint32_t s_star = lo;
   const int need = n - int(c0);  // >= 1
   phase_stamp(p.phase, kPhSearched);
-  if (mask_on<Smem>(p)) collect_chosen_by_scan(key, s_star, c0, need, sm);
-  else collect_chosen(key, s_star, c0, need, sm);
+  collect_chosen(key, s_star, c0, need, sm);
   __syncthreads();
   if (p.early) publish_before_assign(p, r, n);  // threads >= 384, beside the ranking below
   if (t < int(c0)) {
@@ -751,60 +552,20 @@ __device__ unsigned assign_slots_small(const ResolveParams& p, int r, uint32_t n
     if (old >= 0) map[old] = -1;
     st_relaxed(map + q, sl), slot_pos[sl] = q, stamps[sl] = now;
   }
-  return marked_hits;
-}
-
-// Slot-mask mode: the stamps of the slots this step's hits marked in the slot mask become `now`, in slot
-// order (thread t takes slots k * kThreads + t: coalesced, masked). marked_load reads their old
-// stamps (issued early, so that their round trip runs under other work), marked_store writes `now`
-// and returns this thread's share of the hits: marked slots whose old stamp was not `now`, the
-// count the default's atomicExch results give (and the reference's).
-template <class Smem>
-__device__ __forceinline__ void marked_load(const ResolveParams& p, int r, uint32_t now, Smem& sm,
-                                            uint32_t (&old)[Smem::kItems]) {
-  const uint32_t* stamps = p.stamps + int64_t(r) * p.R;
-#pragma unroll
-  for (int k = 0; k < Smem::kItems; ++k) {
-    const int sl = k * kThreads + int(threadIdx.x);
-    old[k] = sl < p.R - 1 && mask_smem(sm).need[sl] != 0 ? __ldcg(stamps + sl) : now;
-  }
-}
-template <class Smem>
-__device__ __forceinline__ unsigned marked_store(const ResolveParams& p, int r, uint32_t now, Smem& sm,
-                                                 const uint32_t (&old)[Smem::kItems]) {
-  uint32_t* stamps = p.stamps + int64_t(r) * p.R;
-  unsigned hits = 0;
-#pragma unroll
-  for (int k = 0; k < Smem::kItems; ++k) {
-    const int sl = k * kThreads + int(threadIdx.x);
-    if (sl < p.R - 1 && mask_smem(sm).need[sl] != 0) {
-      hits += old[k] != now;
-      stamps[sl] = now;
-    }
-  }
-  return hits;
 }
 
 // Phase 2b: misses by position meet candidate slots by (stamp, slot), rank by rank: map, slot
 // positions and stamps (copy_kernel reads each claimed row's slot from the map afterwards).
-// Returns this thread's share of the marked slots' hits (slot-mask mode; 0 otherwise); `small` says
-// whether assign_slots_small ran (its sm.sorted_miss and sm.slot_of_rank then hold every miss's slot).
 template <class Smem>
-__device__ unsigned assign_slots(const ResolveParams& p, int r, uint32_t now, Smem& sm, bool& small) {
+__device__ void assign_slots(const ResolveParams& p, int r, uint32_t now, Smem& sm) {
   constexpr int kItems = Smem::kItems;
   const int num_miss = sm.num_miss;
   // Keys (stamp << kSlotBits) | slot; a slot stamped `now` (a hit of this step) and the padding
   // get all ones. Stamps are <= now: the other keys are below 2^end_bit - 1, so those sort last.
   const int end_bit = kSlotBits + 32 - __clz(int(now));
-  small = num_miss <= kSmallMisses && end_bit <= 31;
-  if (small) return assign_slots_small(p, r, now, sm);
-  // Slot-mask mode: the hits' stamps first, so that the keys below see them stamped `now` (the
-  // barriers in sort_misses order these stores before the stamp loads).
-  unsigned marked_hits = 0;
-  if (mask_on<Smem>(p)) {
-    uint32_t old[kItems];
-    marked_load(p, r, now, sm, old);
-    marked_hits = marked_store(p, r, now, sm, old);
+  if (num_miss <= kSmallMisses && end_bit <= 31) {
+    assign_slots_small(p, r, now, sm);
+    return;
   }
   sort_misses(p, num_miss, sm);
   __syncthreads();
@@ -864,7 +625,6 @@ __device__ unsigned assign_slots(const ResolveParams& p, int r, uint32_t now, Sm
       }
     }
   }
-  return marked_hits;
 }
 
 // Phase 3: physical hot rows of every token of the request, compacted in entry order. A pass
@@ -908,31 +668,20 @@ __device__ void write_rows(const ResolveParams& p, int r, int32_t len, Smem& sm)
 // since; without a miss in the step no map entry changed at all. With misses (reread) an old
 // entry whose slot was < 0 (its own claim, a duplicate's, or no pool row) takes its final map
 // entry, read again after the assignment; so this writes what write_rows would, without reading
-// the positions again. With `lookup` (slot-mask mode after assign_slots_small) that final entry is
-// found in shared memory instead: a claimed position is in sm.sorted_miss, and its slot is
-// sm.slot_of_rank at that rank (what the assignment wrote to the map); any other stays -1.
+// the positions again.
 template <class Smem>
 __device__ void write_row_from_regs(const ResolveParams& p, int r, int32_t len, Smem& sm,
-                                    const int32_t (&pos)[kIlp], const int32_t (&map_slot)[kIlp], bool reread,
-                                    bool lookup = false) {
+                                    const int32_t (&pos)[kIlp], const int32_t (&map_slot)[kIlp], bool reread) {
   const int32_t* map = p.pos_slot + int64_t(r) * p.max_positions;
   const int64_t t = sm.tokens[0];
   int32_t* out = p.phys + t * p.phys_stride_t;
   int32_t phys[kIlp];
   int valid[kIlp], offset[kIlp];
-  const int num_miss = sm.num_miss;
 #pragma unroll
   for (int u = 0; u < kIlp; ++u) {
     const EntryKind k = classify(len, pos[u]);
     int32_t again = -1;
-    if (k == kOld && reread && map_slot[u] < 0) {
-      if (lookup) {
-        const int i = tiered::find_sorted(sm.sorted_miss, num_miss, pos[u]);
-        again = i >= 0 ? sm.slot_of_rank[i] : -1;
-      } else {
-        again = map[pos[u]];
-      }
-    }
+    if (k == kOld && reread && map_slot[u] < 0) again = map[pos[u]];
     const int32_t slot = k == kNewest ? p.R - 1 : k != kOld ? -1 : reread && map_slot[u] < 0 ? again : map_slot[u];
     phys[u] = slot >= 0 ? r * p.R + slot : -1;
     valid[u] = slot >= 0;
@@ -989,11 +738,6 @@ __device__ __forceinline__ void resolve_body(const ResolveParams& p) {
   if (have_pre) {
     load_pass(p.positions + int64_t(r) * p.pos_stride_t, int(threadIdx.x) * kIlp, p.topk, pre);
   }
-  if (mask_on<Smem>(p)) {  // the slot mask starts empty (collect_tokens' barriers order these stores before any mark)
-    static_assert(Smem::kKeys % 4 == 0, "the slot mask is zeroed 4 bytes at a time");
-    uint32_t* words = reinterpret_cast<uint32_t*>(mask_smem(sm).need);
-    for (int i = int(threadIdx.x); i < Smem::kKeys / 4; i += kThreads) words[i] = 0u;
-  }
   collect_tokens(p, r, sm, len);
   phase_stamp(p.phase, kPhTokens);
   const bool live = sm.num_tokens > 0 && !sm.bad;
@@ -1016,31 +760,18 @@ __device__ __forceinline__ void resolve_body(const ResolveParams& p) {
 #pragma unroll
         for (int u = 0; u < kIlp; ++u)
           sm.keep_pos[u * kThreads + threadIdx.x] = keep_pos[u], sm.keep_slot[u * kThreads + threadIdx.x] = keep_slot[u];
-        bool small = false;
-        hits += assign_slots(p, r, now, sm, small);
+        assign_slots(p, r, now, sm);
         __syncthreads();  // map writes of every thread are visible to the block; the scan reuses the union
         phase_stamp(p.phase, kPhAssigned);
 #pragma unroll
         for (int u = 0; u < kIlp; ++u)
           keep_pos[u] = sm.keep_pos[u * kThreads + threadIdx.x], keep_slot[u] = sm.keep_slot[u * kThreads + threadIdx.x];
-        write_row_from_regs(p, r, len, sm, keep_pos, keep_slot, true, mask_on<Smem>(p) && small);
-      } else if (mask_on<Smem>(p)) {  // the marked slots' old stamps load under the id write
-        uint32_t old[kItems];
-        marked_load(p, r, now, sm, old);
-        write_row_from_regs(p, r, len, sm, keep_pos, keep_slot, false);
-        hits += marked_store(p, r, now, sm, old);
+        write_row_from_regs(p, r, len, sm, keep_pos, keep_slot, true);
       } else {
         write_row_from_regs(p, r, len, sm, keep_pos, keep_slot, false);
       }
     } else {
-      if (sm.num_miss > 0) {
-        bool small = false;
-        hits += assign_slots(p, r, now, sm, small);
-      } else if (mask_on<Smem>(p)) {
-        uint32_t old[kItems];
-        marked_load(p, r, now, sm, old);
-        hits += marked_store(p, r, now, sm, old);
-      }
+      if (sm.num_miss > 0) assign_slots(p, r, now, sm);
       __syncthreads();  // map writes of every thread are visible to the block; the scan reuses the union
       phase_stamp(p.phase, kPhAssigned);
       write_rows(p, r, len, sm);
@@ -1095,7 +826,6 @@ struct CopyParams {
   // Early mode (copy_early): the block reads its own entries. The step's inputs, as the resolver has them:
   int early;                  // 1: copy_early; 0: the job list
   int force_late;             // tests only: every block takes copy_early's late path
-  int trigger;                // 1: griddepcontrol.launch_dependents at the start (SMLA_HISPARSE_TRIGGER)
   uint64_t* phase;            // benchmark only, nullable: %globaltimer stamps (kPhase*)
   const int32_t* positions;   // [T, K], row stride pos_stride_t
   int64_t pos_stride_t;
@@ -1299,9 +1029,9 @@ __device__ void copy_early(const CopyParams& c, int r, int part) {
 // store in turn. No deadlock: the resolve blocks have all started (each triggers the launch at its
 // first instruction) and none waits for a copy block.
 __global__ void __launch_bounds__(kCopyThreads) copy_kernel(CopyParams c) {
-  // The attention (a PDL launch behind this kernel, launch_ws) may start its blocks on free SMs
-  // now; they wait for this grid's end, which follows the resolver's (every block waits for it).
-  if (c.trigger) ptx::pdl_launch_dependents();
+  // A programmatic dependent launch behind this kernel may start its blocks on free SMs now; they
+  // wait for this grid's end, which follows the resolver's (every block waits for it).
+  ptx::pdl_launch_dependents();
   phase_max(c.phase, kPhCopyStart);
   const int r = int(blockIdx.x) / c.blocks_per_req, part = int(blockIdx.x) % c.blocks_per_req;
   if (c.early) {
@@ -1512,25 +1242,17 @@ void resolve_tiered(const TieredCache& cache, const TieredResolveParams& p, void
   // Early mode (copy_early): one token per request (token t -> request t, or a request map with at
   // most one token per request), and every entry of a token held by one copy thread. Depends on
   // the call's shape only, like the grid.
-  const bool early_on = early_read_mode == 0 ? early_read_env() : early_read_mode >= 2;
+  const bool early_on = early_read_mode == 0 || early_read_mode >= 2;
   k.phase = phase_buffer;
   k.early = early_on && !copy_late && (p.req_of_token == nullptr || c.max_tokens_per_request == 1) &&
             int64_t(blocks_per_req) * kCopyThreads >= p.topk;
-  k.mask = (slot_mask_mode == 0 ? slot_mask_env() : slot_mask_mode >= 2) ? 1 : 0;
 
   // The attribute is set on every call: it belongs to the current device, and the call is cheap.
   if (c.hot_slots <= kThreads * kItemsSmall) {
-    // The slot-mask mode's MaskSmem follows ResolveSmem; a default launch asks for ResolveSmem alone.
-    // The attribute never shrinks within a process (a graph captured in the mode, replayed after a
-    // default call, keeps its launch legal); a process that never turns the mode on sets what it did.
-    static std::atomic<int> attr_max{0};
-    const int smem = int(sizeof(ResolveSmem<kItemsSmall>)) + (k.mask ? int(sizeof(MaskSmem<kItemsSmall>)) : 0);
-    int attr = attr_max.load();
-    while (attr < smem && !attr_max.compare_exchange_weak(attr, smem)) {
-    }
-    check_cuda(cudaFuncSetAttribute(resolve_kernel_9, cudaFuncAttributeMaxDynamicSharedMemorySize, std::max(attr, smem)),
+    constexpr int kSmem = int(sizeof(ResolveSmem<kItemsSmall>));
+    check_cuda(cudaFuncSetAttribute(resolve_kernel_9, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
                "resolve_kernel shared-memory attribute");
-    resolve_kernel_9<<<grid, kThreads, smem, st>>>(k);
+    resolve_kernel_9<<<grid, kThreads, kSmem, st>>>(k);
   } else {
     constexpr int kSmem = int(sizeof(ResolveSmem<kItemsLarge>));
     check_cuda(cudaFuncSetAttribute(resolve_kernel_16, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
@@ -1549,7 +1271,7 @@ void resolve_tiered(const TieredCache& cache, const TieredResolveParams& p, void
   cp.pool = k.pool, cp.pool_stride = k.pool_stride, cp.hot = k.hot, cp.hot_stride = k.hot_stride;
   cp.late = copy_late ? 1 : 0;
   cp.early = k.early, cp.force_late = early_read_mode == 3 ? 1 : 0;
-  cp.trigger = copy_trigger_env() ? 1 : 0, cp.phase = phase_buffer;
+  cp.phase = phase_buffer;
   cp.positions = k.positions, cp.pos_stride_t = k.pos_stride_t, cp.num_tokens = k.num_tokens, cp.topk = k.topk;
   cp.req_of_token = k.req_of_token, cp.seq_lens = k.seq_lens, cp.pool_rows = k.pool_rows;
   cp.block_table = k.block_table, cp.bt_stride = k.bt_stride, cp.max_blocks = k.max_blocks;
@@ -1574,8 +1296,6 @@ void set_tiered_copy_blocks_for_testing(int blocks_per_request) { copy_blocks_ov
 void set_tiered_copy_late_for_testing(bool late) { copy_late = late; }
 void set_tiered_early_read_for_testing(int mode) { early_read_mode = mode; }
 void set_tiered_phase_buffer_for_testing(uint64_t* stamps) { phase_buffer = stamps; }
-void set_tiered_slot_mask_for_testing(int mode) { slot_mask_mode = mode; }
-bool tiered_slot_mask_on() { return slot_mask_mode == 0 ? slot_mask_env() : slot_mask_mode >= 2; }
 
 void gather_rows_from_host(const void* src, int64_t src_stride, const int32_t* rows, int64_t n, void* dst,
                            int64_t dst_stride, int row_bytes, void* stream) {

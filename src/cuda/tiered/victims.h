@@ -54,34 +54,6 @@ SMLA_TIERED_HD void search_step(uint32_t& lo, uint32_t& hi, unsigned& c0, uint32
   else lo = mid + 1, c0 = count_le_mid;
 }
 
-// The slot-mask mode's search tests three thresholds per round (one block barrier each) instead of
-// one. Round 0 gallops from lo (lo, lo + 1, lo + 3: in a steady cache the n oldest candidates
-// mostly share the oldest stamp or the next, so s* is found in one round where the binary search
-// takes log2(range) ~ 4 at 90 % reuse); later rounds split [lo, hi) in four. Needs lo < hi; the
-// thresholds lie in [lo, hi - 1], nondecreasing (equal ones when the range is short).
-SMLA_TIERED_HD void search_thresholds(uint32_t lo, uint32_t hi, int round, uint32_t (&th)[3]) {
-  const uint32_t span = hi - lo;  // >= 1
-  if (round == 0) {
-    th[0] = lo;
-    th[1] = span > 1 ? lo + 1 : lo;
-    th[2] = span > 3 ? lo + 3 : hi - 1;
-  } else {
-    for (int j = 0; j < 3; ++j) th[j] = lo + uint32_t(uint64_t(span) * uint64_t(j + 1) / 4);
-  }
-}
-// One round's verdict: cnt[j] = count(candidate stamp <= th[j]). lo, hi and c0 keep search_step's
-// meaning: count(stamp < lo) = c0 < n, and count(stamp <= hi) >= n.
-SMLA_TIERED_HD void search_round(uint32_t& lo, uint32_t& hi, unsigned& c0, const uint32_t (&th)[3],
-                                 const unsigned (&cnt)[3], unsigned n) {
-  for (int j = 0; j < 3; ++j) {
-    if (cnt[j] >= n) {
-      hi = th[j];
-      return;
-    }
-    lo = th[j] + 1, c0 = cnt[j];
-  }
-}
-
 // The block scan's flag of a key once s* is known, two counts packed in one int: 1 << 16 for a
 // key below s* (all chosen), 1 for a key at s* (the first n - c0 of them in slot order are chosen).
 // The sums stay exact: below < kSmallMisses, at s* < 8192.
@@ -110,10 +82,8 @@ SMLA_TIERED_HD int find_sorted(const int32_t* a, int n, int32_t x) {
 // slot_of_rank[i] (i < n) is the slot the i-th miss (by position) takes. False where the kernel takes
 // the sorts instead (n outside [1, kSmallMisses], keys wider than 31 bits) or fewer than n candidates
 // exist (the plan rule forbids that; the kernel never meets it).
-// four_way: the slot-mask mode's search (search_thresholds / search_round, three thresholds per
-// round) instead of the default's binary search_step; `rounds` (nullable) gets the rounds taken.
 inline bool select_victims_small_model(const uint32_t* stamps, const uint8_t* needed, int R, uint32_t now, int n,
-                                       int32_t* slot_of_rank, bool four_way = false, int* rounds = nullptr) {
+                                       int32_t* slot_of_rank) {
   if (n < 1 || n > kSmallMisses || key_end_bit(now) > 31 || R < 2 || R - 1 > int(kSlotMask) + 1) return false;
   std::vector<uint32_t> key(size_t(R - 1));
   uint32_t lo = kNoKey, hi = 0;
@@ -124,25 +94,12 @@ inline bool select_victims_small_model(const uint32_t* stamps, const uint8_t* ne
   }
   if (lo == kNoKey) return false;  // no candidate at all
   unsigned c0 = 0;
-  auto count_le = [&](uint32_t x) {
+  while (lo < hi) {
+    const uint32_t mid = lo + (hi - lo) / 2;
     unsigned c = 0;
-    for (uint32_t k : key) c += k != kNoKey && key_stamp(k) <= x;
-    return c;
-  };
-  int round = 0;
-  for (; lo < hi; ++round) {
-    if (four_way) {
-      uint32_t th[3];
-      search_thresholds(lo, hi, round, th);
-      if (th[0] < lo || th[0] > th[1] || th[1] > th[2] || th[2] >= hi) return false;  // never: the test checks it
-      const unsigned cnt[3] = {count_le(th[0]), count_le(th[1]), count_le(th[2])};
-      search_round(lo, hi, c0, th, cnt, unsigned(n));
-    } else {
-      const uint32_t mid = lo + (hi - lo) / 2;
-      search_step(lo, hi, c0, mid, count_le(mid), unsigned(n));
-    }
+    for (uint32_t k : key) c += k != kNoKey && key_stamp(k) <= mid;
+    search_step(lo, hi, c0, mid, c, unsigned(n));
   }
-  if (rounds) *rounds = round;
   const uint32_t s_star = lo;
   const int need = n - int(c0);
   // The block scan in slot order (exclusive prefix of the packed flags).

@@ -25,8 +25,8 @@ struct KernelParams {
   int head_groups;     // blocks per token along heads; group g covers heads [g * block_heads, ...)
                        // grid.x = T * head_groups, head group fastest: a token's groups run together
                        // and share its gathered rows in L2
-  int block_heads = 64;  // real heads per 64-row block of h64.ws / h128.xo: 64, or 32 / 16 with
-                         // SMLA_SM90_NARROW_HEADS=1 at T = 1 (narrow_block_heads; rows past them zero)
+  int block_heads = 64;  // real heads per 64-row block of the 64-head kernels: always 64 (the launcher
+                         // never sets it; session 12's narrow-head experiment, perf-history s12-latency-budget)
   int num_splits;      // blocks per token along the top-k (1: no split, no workspace)
   int topk;            // K, capacity of idx rows
   int raw_chunks;      // 16-byte chunks of a stored row the kernel may read (raw_row_chunks)
@@ -203,44 +203,5 @@ inline int raw_row_chunks(KvFormat f, int rope_dim) {
 
 // Blocks per token along the heads: groups of 64 (heads past H zero-padded).
 inline int head_groups_for(int num_heads) { return (num_heads + 63) / 64; }
-
-// Real heads per 64-row block of h64.ws under SMLA_SM90_NARROW_HEADS=1 (docs/perf-history.md
-// #s12-latency-budget): the smallest of 16 / 32 / 64 for which the call still runs in one wave of one
-// block per SM with the same split (T * ceil(H / hb) * splits <= num_sms) and that makes more blocks
-// than 64-head groups; else 64 (today's tiling). Each block keeps the 64-row wgmma tile, its rows past
-// hb zero (as heads past H are): the same products per real head, fewer bytes of q in and of
-// partials out per SM, and idle SMs put to work (T = 1: H = 128 -> 32, H = 33..64 -> 16).
-inline int narrow_block_heads(int64_t num_tokens, int num_heads, int num_splits, int num_sms) {
-  if (num_tokens <= 0 || num_heads <= 0 || num_splits <= 0 || num_sms <= 0) return 64;
-  const int64_t base = int64_t(head_groups_for(num_heads));
-  for (int hb = 16; hb < 64; hb *= 2) {
-    const int64_t groups = (num_heads + hb - 1) / hb;
-    if (groups > base && num_tokens * groups * num_splits <= num_sms) return hb;
-  }
-  return 64;
-}
-
-// SMLA_SM90_NARROW_HEADS=1 (read once per process): h64.ws (not h64.ws.q8, h128.xo or swapab) runs
-// narrow_block_heads' heads per block; unset or anything else: 64. set_narrow_heads_for_testing(mode)
-// overrides it for the launches that follow (0 off, 1 on, -1: back to the environment's choice), so a
-// GPU test compares the two in one process. (launcher.cu)
-bool narrow_heads_mode();
-void set_narrow_heads_for_testing(int mode);
-
-// swapab's stage hold (docs/perf-history.md#s12-swapab-hold): 0 the whole tile (the default), 1 early
-// (the tile's V words to registers once S is done, the stage released before the softmax, P and P V;
-// the same bits). SMLA_SM90_SWAPAB_HOLD=early selects 1 (read once per process);
-// set_swapab_hold_for_testing(mode) overrides it for the launches that follow (-1: back to the
-// environment's choice), so a GPU test compares the two in one process. (launcher.cu)
-int swapab_hold_mode();
-void set_swapab_hold_for_testing(int mode);
-
-// h128.xo's register-staged mode (docs/perf-history.md#s12-flashmla-h128): 0 the staged crossover (raw
-// rows through shared memory, the default), 1 raw rows loaded by the converter straight into registers
-// (the same bits). SMLA_SM90_XO_REGS=1 selects 1 (read once per process; it matters only where h128.xo
-// runs, i.e. with SMLA_SM90_CROSSOVER=1); set_xo_regs_for_testing(mode) overrides it for the launches
-// that follow (-1: back to the environment's choice). (launcher.cu)
-int xo_regs_mode();
-void set_xo_regs_for_testing(int mode);
 
 }  // namespace smla::cuda::sm90::sparse_mla

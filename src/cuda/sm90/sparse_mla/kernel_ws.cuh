@@ -14,7 +14,6 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
-#include <cstdlib>
 #include <string>
 
 #include "cuda/sm90/sparse_mla/io.cuh"
@@ -27,9 +26,8 @@
 
 namespace smla::cuda::sm90::sparse_mla {
 
-// Consumer kWg (0: the scorer) of output dims [256 kWg, 256 kWg + 256). kPeerRows: the crossover
-// kernel's scorer (issue_scores).
-template <typename Elem, KvFormat kFormat, int kWg, bool kQ8, bool kPeerRows = false>
+// Consumer kWg (0: the scorer) of output dims [256 kWg, 256 kWg + 256).
+template <typename Elem, KvFormat kFormat, int kWg, bool kQ8>
 __device__ __forceinline__ void ws_consume(const KernelParams& p, WsSmem<kQ8>& s, const WsBlock& w, int wt) {
   const Frag fr(wt);
   load_q<kFormat, kQ8>(p, s, w, kWg * 128 + wt);
@@ -40,7 +38,7 @@ __device__ __forceinline__ void ws_consume(const KernelParams& p, WsSmem<kQ8>& s
   for (int i = 0; i < 128; ++i) acc_o[i] = 0.0f;
   float m_run[2] = {-INFINITY, -INFINITY};  // rows wrow + g, wrow + g + 8 (log2 domain)
   float l_run[2] = {0.0f, 0.0f};            // sums over this warpgroup's columns
-  if constexpr (kWg == 0) score_loop<Elem, kFormat, kQ8, kPeerRows>(p, s, w, fr, ptx::smem_addr(s.q), acc_o, m_run, l_run);
+  if constexpr (kWg == 0) score_loop<Elem, kFormat, kQ8>(p, s, w, fr, ptx::smem_addr(s.q), acc_o, m_run, l_run);
   else if constexpr (kQ8) pv_loop_q8<Elem, kFormat>(s, w, fr, acc_o);
   else pv_loop<Elem, kFormat>(p, s, w, fr, acc_o);
   if (wt == 0) ws_stamp(p, kWg == 0 ? phase::kLoopDone : phase::kLoopDone1);
@@ -84,8 +82,9 @@ __global__ void __launch_bounds__(WsConfig::kThreads, 1) sparse_mla_ws_kernel(co
   if (threadIdx.x == 0) ws_stamp(p, phase::kEntry);
   __syncthreads();
   ptx::pdl_launch_dependents();  // the split merge (a PDL launch) may start its blocks now
-  // Launched as a programmatic dependent (launch_ws): every input (counts, idx, rows, q) may come
-  // from the kernel before it, so nothing global is read or written above this line.
+  // (A no-op under launch_ws's plain launch; kept so that the kernel is correct as a programmatic
+  // dependent too: every input (counts, idx, rows, q) may come from the kernel before it, so nothing
+  // global is read or written above this line.)
   ptx::pdl_wait();
   const WsBlock w = block_work(p);
 
@@ -102,17 +101,6 @@ __global__ void __launch_bounds__(WsConfig::kThreads, 1) sparse_mla_ws_kernel(co
     ptx::setmaxnreg_inc<Cfg::kConsumerRegs>();
     ws_consume<Elem, kFormat, 1, kQ8>(p, s, w, wt);
   }
-}
-
-// SMLA_ATTN_PDL (read once per process): 1 launches the attention as a programmatic dependent
-// launch; unset or anything else, plainly. Off by default: behind the HiSparse copy kernel it made
-// the all-hit decode step slower on the H200 (docs/perf-history.md s11-hisparse).
-inline bool attention_pdl_enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("SMLA_ATTN_PDL");
-    return v != nullptr && std::string(v) == "1";
-  }();
-  return on;
 }
 
 template <typename Elem, KvFormat kFormat, bool kQ8>
@@ -132,19 +120,13 @@ void launch_ws(const KernelParams& p, cudaStream_t stream) {
                                       std::to_string(kSmemBytes) + " bytes: " + cudaGetErrorString(ea));
     attribute_set.fetch_or(bit, std::memory_order_release);
   }
-  // SMLA_ATTN_PDL=1: a programmatic dependent launch of whatever kernel precedes it on the stream
-  // (the HiSparse copy kernel, the index conversion): its blocks may start on free SMs while that
-  // kernel ends and wait in pdl_wait() (docs/perf-history.md s11-hisparse). Default: a plain launch.
+  // A plain launch (session 11's programmatic dependent launch behind the HiSparse copy kernel made the
+  // all-hit decode step slower on the H200: docs/perf-history.md s11-hisparse).
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(unsigned(p.num_tokens * p.head_groups), 1, unsigned(p.num_splits));
   cfg.blockDim = dim3(Cfg::kThreads);
   cfg.dynamicSmemBytes = kSmemBytes;
   cfg.stream = stream;
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = &attr;
-  cfg.numAttrs = attention_pdl_enabled() ? 1 : 0;
   const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, p);
   SMLA_CHECK(e == cudaSuccess, std::string("sparse MLA kernel launch failed: ") + cudaGetErrorString(e));
 }

@@ -3,8 +3,6 @@
 // (variant x cache format x element type).
 #include <cuda_runtime.h>
 
-#include <atomic>
-#include <cstdlib>
 #include <iterator>
 #include <string>
 #include <string_view>
@@ -74,35 +72,19 @@ const CudaVariant& variant_for(const SparseMlaParams& p) {
   return *v;
 }
 
-// Blocks per token along the heads of variant v: swapab's groups of 16 heads (one block for H <= 16;
-// more only under SMLA_SM90_SWAPAB_HGROUPS), the 64-head kernels' groups of 64.
-int head_groups_of(const SparseMlaParams& p, const CudaVariant& v) {
-  return &v == &kCudaVariants[0] ? (p.num_heads + kSwapAbMaxHeads - 1) / kSwapAbMaxHeads : k::head_groups_for(p.num_heads);
-}
-
 int num_splits_for(const SparseMlaParams& p, int num_sms) {
-  int groups = k::head_groups_for(p.num_heads);
-  // swapab's head groups (opt-in): the split follows the kernel's blocks per token. (With the switch
-  // off, or H <= 16, the groups are the 64-head count, and no device is asked.)
-  if (p.num_heads > kSwapAbMaxHeads && swapab_max_heads() > kSwapAbMaxHeads) groups = head_groups_of(p, variant_for(p));
-  return choose_num_splits(p.num_tokens, groups, p.topk, num_sms);
+  return choose_num_splits(p.num_tokens, k::head_groups_for(p.num_heads), p.topk, num_sms);
 }
 
 // ---- the launches of kCudaVariants, in its order.
 using LaunchFn = void (*)(const k::KernelParams& kp, KvFormat format, cudaStream_t s);
 
 void launch_swapab(const k::KernelParams& kp, KvFormat format, cudaStream_t s) {
-  // unreachable: supports() refuses H past swapab_max_heads(), head_groups_of covers H
-  if (kp.num_heads > 16 * kp.head_groups) fail("swapab runs 16 heads per block");
+  if (kp.num_heads > kSwapAbMaxHeads) fail("swapab runs H <= 16");  // unreachable: supports() refuses
   if (format == KvFormat::kFP8DsMla) k::launch_swapab<16, KvFormat::kFP8DsMla>(kp, s);
   else if (format == KvFormat::kFP8E4M3) k::launch_swapab<16, KvFormat::kFP8E4M3>(kp, s);
   else if (format == KvFormat::kNvFP4DsMla) k::launch_swapab<16, KvFormat::kNvFP4DsMla>(kp, s);
   else fail("swapab reads fp8_ds_mla, fp8_e4m3 or nvfp4_ds_mla rows only");  // unreachable: supports() refuses
-}
-
-void launch_h128_xo(const k::KernelParams& kp, KvFormat format, cudaStream_t s) {
-  if (format != KvFormat::kFP8DsMla) fail("h128.xo reads fp8_ds_mla rows only");  // unreachable: supports() refuses
-  k::launch_xo<KvFormat::kFP8DsMla>(kp, s);
 }
 
 void launch_h64_ws(const k::KernelParams& kp, KvFormat format, cudaStream_t s) {
@@ -121,52 +103,13 @@ void launch_h64_ws_q8(const k::KernelParams& kp, KvFormat format, cudaStream_t s
   else fail("h64.ws.q8 reads fp8 rows only");  // unreachable: its supports() refuses the others
 }
 
-constexpr LaunchFn kLaunch[] = {launch_swapab, launch_h128_xo, launch_h64_ws, launch_h64_ws_q8};
+constexpr LaunchFn kLaunch[] = {launch_swapab, launch_h64_ws, launch_h64_ws_q8};
 static_assert(std::size(kLaunch) == std::size(kCudaVariants), "one launch per variant of smla/support.h");
-static_assert(std::string_view(kCudaVariants[0].name) == "swapab" && std::string_view(kCudaVariants[1].name) == "h128.xo" &&
-                  std::string_view(kCudaVariants[2].name) == "h64.ws" && std::string_view(kCudaVariants[3].name) == "h64.ws.q8",
+static_assert(std::string_view(kCudaVariants[0].name) == "swapab" && std::string_view(kCudaVariants[1].name) == "h64.ws" &&
+                  std::string_view(kCudaVariants[2].name) == "h64.ws.q8",
               "kLaunch follows kCudaVariants");
 
 }  // namespace
-
-namespace sm90::sparse_mla {
-namespace {
-std::atomic<int> hold_override{-1};
-}  // namespace
-int swapab_hold_mode() {
-  static const int env = [] {
-    const char* e = std::getenv("SMLA_SM90_SWAPAB_HOLD");
-    return e != nullptr && std::string(e) == "early" ? 1 : 0;
-  }();
-  const int o = hold_override.load(std::memory_order_relaxed);
-  return o >= 0 ? o : env;
-}
-void set_swapab_hold_for_testing(int mode) { hold_override.store(mode, std::memory_order_relaxed); }
-namespace {
-std::atomic<int> xo_regs_override{-1};
-}  // namespace
-int xo_regs_mode() {
-  static const int env = [] {
-    const char* e = std::getenv("SMLA_SM90_XO_REGS");
-    return e != nullptr && std::string(e) == "1" ? 1 : 0;
-  }();
-  const int o = xo_regs_override.load(std::memory_order_relaxed);
-  return o >= 0 ? o : env;
-}
-void set_xo_regs_for_testing(int mode) { xo_regs_override.store(mode, std::memory_order_relaxed); }
-namespace {
-std::atomic<int> narrow_heads_override{-1};
-}  // namespace
-bool narrow_heads_mode() {
-  static const bool env = [] {
-    const char* e = std::getenv("SMLA_SM90_NARROW_HEADS");
-    return e != nullptr && std::string(e) == "1";
-  }();
-  const int o = narrow_heads_override.load(std::memory_order_relaxed);
-  return o >= 0 ? o != 0 : env;
-}
-void set_narrow_heads_for_testing(int mode) { narrow_heads_override.store(mode, std::memory_order_relaxed); }
-}  // namespace sm90::sparse_mla
 
 int sparse_mla_auto_splits(const SparseMlaParams& p, int num_sms) { return num_splits_for(p, num_sms); }
 
@@ -194,17 +137,8 @@ void sparse_mla(const SparseMlaParams& p, void* workspace, size_t workspace_byte
   k::KernelParams kp{};
   kp.num_tokens = p.num_tokens;
   kp.num_heads = p.num_heads;
-  kp.head_groups = head_groups_of(p, variant);
-  SMLA_CHECK(kp.head_groups == k::head_groups_for(p.num_heads) || p.num_tokens * kp.head_groups < (int64_t(1) << 31),
-             "T * ceil(H / 16) must be < 2^31 for the swapab kernel's grid (16-head blocks, SMLA_SM90_SWAPAB_HGROUPS); "
-             "split the call along T");
+  kp.head_groups = k::head_groups_for(p.num_heads);
   kp.num_splits = splits;
-  // SMLA_SM90_NARROW_HEADS=1: h64.ws with fewer real heads per block where the call leaves SMs idle
-  // (T = 1), the split unchanged (docs/perf-history.md#s12-latency-budget). The same bits per head.
-  if (&variant == &kCudaVariants[2] && k::narrow_heads_mode()) {
-    kp.block_heads = k::narrow_block_heads(p.num_tokens, p.num_heads, splits, current_num_sms());
-    kp.head_groups = (p.num_heads + kp.block_heads - 1) / kp.block_heads;
-  }
   kp.topk = p.topk;
   kp.raw_chunks = k::raw_row_chunks(p.format, p.rope_dim);
   kp.k_steps = p.head_dim() / 16;

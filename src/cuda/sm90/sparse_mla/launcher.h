@@ -13,12 +13,8 @@ namespace smla::cuda::sm90::sparse_mla {
 // ptx::Bf16); kQ8: an e4m3 q over fp8 rows (S on the fp8 tensor cores, score precision fp8).
 template <typename Elem, KvFormat kFormat, bool kQ8 = false>
 void launch_ws(const KernelParams& p, cudaStream_t stream);
-// fp8_ds_mla at 64 < H <= 128: a token's two 64-head blocks as a cluster sharing the dequantization
-// (kernel_xo.cuh, `h128.xo`).
-template <KvFormat kFormat>
-void launch_xo(const KernelParams& p, cudaStream_t stream);
 // The small-H swap-AB kernel (swapab.cuh): fp8_ds_mla, fp8_e4m3 or nvfp4_ds_mla rows, a bf16 (or e4m3,
-// widened; fp8 rows) q, kN (16) heads per block, p.head_groups blocks per token.
+// widened; fp8 rows) q, kN (16) heads per block, H <= kN (p.head_groups = 1).
 template <int kN, KvFormat kFormat>
 void launch_swapab(const KernelParams& p, cudaStream_t stream);
 // The split-K merge, a programmatic dependent launch behind launch_ws.

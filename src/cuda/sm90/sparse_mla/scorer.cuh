@@ -10,28 +10,15 @@ namespace smla::cuda::sm90::sparse_mla {
 
 // S (64 heads x 64 entries) = Q K^T over the 9 dim blocks of buffer tile % 2 (dims 0-3 as soon as
 // they land, then 4-8), two commit groups (a commit group per half: no spin loop inside a group,
-// or ptxas serializes). kPeerRows (the crossover kernel, kernel_xo.cuh): half the rows of each half
-// were written by the other CTA of the cluster (st.async, generic proxy, completing bytes on the full
-// barrier with release at cluster scope), so the wait acquires at cluster scope (an acquire at CTA
-// scope does not synchronize with the other CTA's release) and a proxy fence orders those writes
-// before this warpgroup's wgmma reads (async proxy); consumer 1's reads follow through bar_p.
-template <bool kPeerRows>
-__device__ __forceinline__ void wait_full(WsConfig::SharedStorage& s, int b, int h, uint32_t parity) {
-  if constexpr (kPeerRows) {
-    ptx::mbar_wait_cluster(ws_bar(s.full[b][h]), parity);
-    ptx::fence_proxy_async_smem();
-  } else {
-    ptx::mbar_wait(ws_bar(s.full[b][h]), parity);
-  }
-}
-template <typename Elem, bool kPeerRows = false>
+// or ptxas serializes).
+template <typename Elem>
 __device__ __forceinline__ void issue_scores(WsConfig::SharedStorage& s, uint32_t q_base, int tile, float (&acc_s)[32]) {
   using Cfg = WsConfig;
   const int b = tile & 1;
   const uint32_t parity = (tile >> 1) & 1;
   const uint64_t q_desc = ptx::sw128_desc(q_base, 16, 1024);
   const uint64_t k_desc = ptx::sw128_desc(ptx::smem_addr(s.kv[b]), 16, 1024);
-  wait_full<kPeerRows>(s, b, 0, parity);
+  ptx::mbar_wait(ws_bar(s.full[b][0]), parity);
   ptx::wgmma_fence();
 #pragma unroll
   for (int blk = 0; blk < 4; ++blk) {
@@ -42,7 +29,7 @@ __device__ __forceinline__ void issue_scores(WsConfig::SharedStorage& s, uint32_
                                  (blk == 0 && a == 0) ? 0 : 1);
   }
   ptx::wgmma_commit();
-  wait_full<kPeerRows>(s, b, 1, parity);
+  ptx::mbar_wait(ws_bar(s.full[b][1]), parity);
   ptx::wgmma_fence();
 #pragma unroll
   for (int blk = 4; blk < 9; ++blk) {
@@ -263,7 +250,7 @@ __device__ __forceinline__ void fence_pv(float (&acc_o)[128], uint32_t (&a_p)[4]
 // S is done (consumer 1's P V releases them too), dims 0-3 after this P V. The next tile's S goes
 // behind this P V when its rows are all there; otherwise dims 0-3 are released first, so that the
 // next gather into this buffer never waits for the one before it.
-template <typename Elem, KvFormat kFormat, bool kQ8, bool kPeerRows = false>
+template <typename Elem, KvFormat kFormat, bool kQ8>
 __device__ __forceinline__ void score_loop(const KernelParams& p, WsSmem<kQ8>& s, const WsBlock& w, const Frag& fr,
                                            uint32_t q_base, float (&acc_o)[128], float (&m_run)[2],
                                            float (&l_run)[2]) {
@@ -277,7 +264,7 @@ __device__ __forceinline__ void score_loop(const KernelParams& p, WsSmem<kQ8>& s
     int ids[2];
     tile_ids(w, fr.lane, 0, ids);
     if constexpr (kQ8) issue_scores_q8<Elem, kFormat>(s, q_base, fr.tq, 0, false, [] {}, acc_s);
-    else issue_scores<Elem, kPeerRows>(s, q_base, 0, acc_s);
+    else issue_scores<Elem>(s, q_base, 0, acc_s);
     if (fr.wt == 0) ws_stamp(p, phase::kTile0Landed);
     bits = valid_bits(p, fr.tq, ids);
     ptx::wgmma_wait<0>();
@@ -347,7 +334,7 @@ __device__ __forceinline__ void score_loop(const KernelParams& p, WsSmem<kQ8>& s
           fence_pv(acc_o, a_p);
           ptx::mbar_arrive(ws_bar(s.empty[b][0]));
         }
-        issue_scores<Elem, kPeerRows>(s, q_base, tile + 1, acc_s);
+        issue_scores<Elem>(s, q_base, tile + 1, acc_s);
         int ids[2];
         tile_ids(w, fr.lane, tile + 1, ids);  // (its two loads behind the products)
         if (landed) {

@@ -2,13 +2,10 @@
 // widened to bf16 exactly when Q is staged; H <= 16): the
 // rows, not the heads, are the wgmma M dimension, so N = 16 and nothing is padded to 64 heads
 // (docs/perf-history.md#s11-swapab: the paper bound, the runs, the variants tried). Also fp8_e4m3 rows
-// and nvfp4_ds_mla rows (opt-in; its block scales applied as K and V are converted: swapab_nvfp4.h,
+// and nvfp4_ds_mla rows (its block scales applied as K and V are converted: swapab_nvfp4.h,
 // docs/perf-history.md#s12-swapab-nvfp4).
 //
-// One block per (token, top-k split) for H <= 16; for H up to 32 (64) under the opt-in
-// SMLA_SM90_SWAPAB_HGROUPS, ceil(H / 16) blocks per (token, split), block g of a token doing heads
-// [16 g, 16 g + 16) (heads past H masked), the group fastest on grid.x so a token's siblings run
-// together and the second reads the rows from L2 (docs/perf-history.md#s12-swapab-hgroups). 3 warpgroups:
+// One block per (token, top-k split), H <= 16 (heads past H masked). 3 warpgroups:
 //   warpgroup 2: the producer. 16-byte cp.async of each valid 656-byte row into a ring of kStages
 //     raw stages (row stride 672 bytes: the bank spread of the loads below), completion on the
 //     stage's "full" mbarrier (every thread's copies, and the stage's valid-row mask stored in
@@ -332,15 +329,10 @@ __device__ __forceinline__ void swab_load_q(const KernelParams& p, typename Swab
 }
 
 // ---- a consumer warpgroup: tiles c, c + 2, ...; its O^T (latent dims x kN heads) in registers.
-// kEarly (SMLA_SM90_SWAPAB_HOLD=early, docs/perf-history.md#s12-swapab-hold): once S is done, the
-// tile's raw V words (64 per thread) and row scales go to registers and the stage is released before
-// the softmax, P and P V (the default holds it until P V's last V load). The same bits.
-template <int kN, int kDiag, KvFormat kF = KvFormat::kFP8DsMla, bool kEarly = false>
+// It holds a tile's stage until P V's last V load.
+template <int kN, int kDiag, KvFormat kF = KvFormat::kFP8DsMla>
 struct SwabConsumer {
   using Cfg = SwabConfig<kN, kF>;
-  static_assert(!kEarly || kDiag == 0, "the early hold has no timing-only modes");
-  static_assert(!kEarly || kF == KvFormat::kFP8DsMla || kF == KvFormat::kFP8E4M3,
-                "the early hold keeps e4m3 V words (one byte per value) in registers");
   static constexpr bool kDs = kF == KvFormat::kFP8DsMla;  // per-row tile scales and a bf16 RoPE; else
                                                           // fp8_e4m3: no scales (k_scale is in the score and
                                                           // output scales), an e4m3 RoPE
@@ -600,64 +592,6 @@ struct SwabConsumer {
     for (int mt = 0; mt < 8; ++mt) ptx::fence_operands(o[mt]);
   }
 
-  // kEarly: the words pv_convert reads, for all four k-steps at once: vw[ks][c][j] (64 registers).
-  __device__ __forceinline__ static void pv_load_words(uint32_t kv, int w, int g, int t, uint32_t (&vw)[4][4][4]) {
-    const uint32_t col = uint32_t(dim0(0, w, g));
-#pragma unroll
-    for (int ks = 0; ks < 4; ++ks)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const int m = 16 * ks + 2 * t + (c & 1) + 8 * (c >> 1);
-        const uint32_t row = kv + uint32_t(swab::slot_of(m) * Cfg::kRowStride) + col;
-        if constexpr (kV16) {
-          swab::lds128(vw[ks][c], row);
-        } else {
-#pragma unroll
-          for (int j = 0; j < 4; ++j) vw[ks][c][j] = swab::lds32(row + uint32_t(128 * j));
-        }
-      }
-  }
-  // kEarly: pv_convert's bit moves on words already in registers (the same A fragments).
-  __device__ __forceinline__ static void pv_convert_words(const uint32_t (&wd)[4][4], uint32_t (&a)[8][4]) {
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      a[2 * j][0] = swab::e4m3x2_bits<swab::kPair<0>>(wd[0][j], wd[1][j]);
-      a[2 * j][1] = swab::e4m3x2_bits<swab::kPair<1>>(wd[0][j], wd[1][j]);
-      a[2 * j][2] = swab::e4m3x2_bits<swab::kPair<0>>(wd[2][j], wd[3][j]);
-      a[2 * j][3] = swab::e4m3x2_bits<swab::kPair<1>>(wd[2][j], wd[3][j]);
-      a[2 * j + 1][0] = swab::e4m3x2_bits<swab::kPair<2>>(wd[0][j], wd[1][j]);
-      a[2 * j + 1][1] = swab::e4m3x2_bits<swab::kPair<3>>(wd[0][j], wd[1][j]);
-      a[2 * j + 1][2] = swab::e4m3x2_bits<swab::kPair<2>>(wd[2][j], wd[3][j]);
-      a[2 * j + 1][3] = swab::e4m3x2_bits<swab::kPair<3>>(wd[2][j], wd[3][j]);
-    }
-  }
-  // kEarly: pv() from the words in registers (the stage was released after S); the same wgmma order.
-  __device__ __forceinline__ static void pv_words(const uint32_t (&vw)[4][4][4], uint32_t p_base, float (&o)[8][kNH]) {
-    uint32_t a[2][8][4];
-    // (fp8_ds_mla, four P^T: opaque per tile, so the compiler forms the 16 descriptors from it in uniform
-    // registers, one add each, where it would hoist them out of the loop into 32 ordinary registers and
-    // move them to uniform ones per wgmma: docs/perf-history.md#s12-swapab-diet. One P^T: not needed.)
-    if constexpr (kPTiles == 4) asm volatile("" : "+r"(p_base));
-    const uint64_t pd = ptx::sw128_desc(p_base, 16, 1024);
-#pragma unroll
-    for (int ks = 0; ks < 4; ++ks) {
-      if (ks >= 2) {
-        ptx::wgmma_wait<1>();
-        swab::fence_a(a[ks & 1]);
-      }
-      pv_convert_words(vw[ks], a[ks & 1]);
-      ptx::wgmma_fence();
-#pragma unroll
-      for (int mt = 0; mt < 8; ++mt) swab::wgmma_rs16(o[mt], a[ks & 1][mt], pd + p_tile(mt) + uint32_t(2 * ks), 1);
-      ptx::wgmma_commit();
-    }
-    ptx::wgmma_wait<0>();
-    swab::fence_a(a[0]);
-    swab::fence_a(a[1]);
-#pragma unroll
-    for (int mt = 0; mt < 8; ++mt) ptx::fence_operands(o[mt]);
-  }
-
   // The tile loop of consumer c (thread wt of its warpgroup), then the merge with the other
   // consumer and the stores (consumer 0).
   __device__ __forceinline__ static void run(const KernelParams& p, Smem& s, const WsBlock& w, int c, int wt) {
@@ -693,11 +627,6 @@ struct SwabConsumer {
       float x[kNH];
       float4 esc[2];  // fp8_ds_mla: the rows' tile scales (S's chains, then P)
       scores(kv, q_base, slot0, slot1, t, rope, x, esc);
-      uint32_t vw[4][4][4];  // kEarly: the tile's V words
-      if constexpr (kEarly) {
-        pv_load_words(kv, warp, g, t, vw);
-        ptx::mbar_arrive(ws_bar(s.empty[st]));  // (release: the loads above come first)
-      }
       // x[4 i + 2 r + e]: row m_r, head 8 i + 2 t + e. Scores in the log2 domain, masked rows -inf.
       float mx[kNB][2];
 #pragma unroll
@@ -774,8 +703,7 @@ struct SwabConsumer {
       }
       ptx::fence_proxy_async_smem();
       ptx::named_sync(bar_wg, 128);
-      if constexpr (kEarly) pv_words(vw, ptx::smem_addr(s.p[c][0]), o);
-      else pv(kv, ptx::smem_addr(s.p[c][0]), warp, g, t, ws_bar(s.empty[st]), o);
+      pv(kv, ptx::smem_addr(s.p[c][0]), warp, g, t, ws_bar(s.empty[st]), o);
     }
 
     // ---- merge the two consumers, then out / LSE (or the split's partials) from consumer 0.
@@ -877,13 +805,13 @@ struct SwabConsumer {
 
 // kDiag (timing only, wrong results; `SMLA_SM90_SWAPAB_DIAG`): 1 the rows' ring alone (consumers
 // release each stage at once), 2 the compute alone (the producer copies nothing).
-template <int kN, int kDiag, KvFormat kF, bool kEarly = false>
+template <int kN, int kDiag, KvFormat kF>
 __global__ void __launch_bounds__(SwabConfig<kN, kF>::kThreads, 1) sparse_mla_swapab_kernel(const __grid_constant__ KernelParams p) {
   using Cfg = SwabConfig<kN, kF>;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   auto& s = *reinterpret_cast<typename Cfg::SharedStorage*>(smem_raw);
   WsBlock w = block_work(p);
-  // head groups of kN (p.head_groups = ceil(H / kN); 1 for H <= kN): heads [head0, head0 + kN)
+  // heads [head0, head0 + kN) of head group blockIdx.x % p.head_groups (p.head_groups = 1: H <= kN)
   w.head0 = int(blockIdx.x - w.t * p.head_groups) * kN;
   if (threadIdx.x == 0) {
     for (int i = 0; i < Cfg::kStages; ++i) {
@@ -909,13 +837,13 @@ __global__ void __launch_bounds__(SwabConfig<kN, kF>::kThreads, 1) sparse_mla_sw
   // what derives from it (the P^T descriptors of P V) in uniform registers, not one R2UR pair per wgmma
   // (docs/perf-history.md#s12-swapab-diet).
   const int c = __shfl_sync(0xffffffffu, wg, 0);
-  SwabConsumer<kN, kDiag, kF, kEarly>::run(p, s, w, c, wt);
+  SwabConsumer<kN, kDiag, kF>::run(p, s, w, c, wt);
 }
 
-template <int kN, int kDiag, KvFormat kF, bool kEarly = false>
+template <int kN, int kDiag, KvFormat kF>
 void launch_swapab_mode(const KernelParams& p, cudaStream_t stream) {
   using Cfg = SwabConfig<kN, kF>;
-  auto* kernel = sparse_mla_swapab_kernel<kN, kDiag, kF, kEarly>;
+  auto* kernel = sparse_mla_swapab_kernel<kN, kDiag, kF>;
   static std::atomic<uint64_t> attribute_set{0};
   int dev = 0;
   SMLA_CHECK(cudaGetDevice(&dev) == cudaSuccess, "cudaGetDevice failed");
@@ -931,8 +859,9 @@ void launch_swapab_mode(const KernelParams& p, cudaStream_t stream) {
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
 }
 
-// SMLA_SM90_SWAPAB_DIAG=rows|compute (read once): the timing-only modes of kDiag, for `smla bench`
-// (wrong results; docs/perf-history.md#s11-swapab).
+// SMLA_SM90_SWAPAB_DIAG=rows|compute (read once): the timing-only modes of kDiag, a diagnostic for
+// `smla bench` that times a part of the kernel alone to locate its bound (wrong results, not a
+// variant; docs/perf-history.md#s11-swapab).
 inline int swapab_diag_mode() {
   static const int mode = [] {
     const char* e = std::getenv("SMLA_SM90_SWAPAB_DIAG");
@@ -942,7 +871,7 @@ inline int swapab_diag_mode() {
   return mode;
 }
 
-// N = 16 (16 heads per block; p.head_groups blocks per token).
+// N = 16 (16 heads per block, H <= 16).
 template <int kN, KvFormat kF>
 void launch_swapab(const KernelParams& p, cudaStream_t stream) {
   if constexpr (kF == KvFormat::kFP8DsMla) {  // (the timing-only modes: fp8_ds_mla only)
@@ -951,9 +880,6 @@ void launch_swapab(const KernelParams& p, cudaStream_t stream) {
       case 2: return launch_swapab_mode<kN, 2, kF>(p, stream);
       default: break;
     }
-  }
-  if constexpr (kF != KvFormat::kNvFP4DsMla) {  // (nvfp4_ds_mla: the whole hold only, whatever the switch says)
-    if (swapab_hold_mode() == 1) return launch_swapab_mode<kN, 0, kF, true>(p, stream);
   }
   launch_swapab_mode<kN, 0, kF>(p, stream);
 }
