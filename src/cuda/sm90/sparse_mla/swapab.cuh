@@ -121,6 +121,9 @@ __device__ __forceinline__ float4 lds128f(uint32_t addr) {
   asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(addr));
   return v;
 }
+__device__ __forceinline__ void sts128_zero(uint32_t addr) {
+  asm volatile("st.shared.v4.b32 [%0], {%1, %1, %1, %1};\n" ::"r"(addr), "r"(0) : "memory");
+}
 __device__ __forceinline__ void sts16(uint32_t addr, uint16_t v) {
   asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(addr), "h"(v) : "memory");
 }
@@ -235,7 +238,19 @@ __device__ __forceinline__ void swab_produce(const KernelParams& p, typename Swa
       const uint32_t base = ptx::smem_addr(s.kv[st]) + uint32_t(grp * Cfg::kRowStride + 16 * c);
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        if (cur[i] < 0) continue;
+        if (cur[i] < 0) {
+          // fp8_ds_mla, fp8_e4m3: a masked slot is zeroed (P V's e4m3 wgmma reads its V bytes raw, and a stale
+          // byte may be the NaN code: 0 * NaN = NaN; docs/perf-history.md#s13-fp8pv), ordered before the
+          // consumers' reads by the __syncwarp and lane 0's arrive below. nvfp4's bit moves never make NaN.
+          if constexpr (kF != KvFormat::kNvFP4DsMla) {
+            const uint32_t dst = base + uint32_t(16 * i * Cfg::kRowStride);
+            const int n = chunks;
+#pragma unroll
+            for (int k = 0; k < 6; ++k)
+              if (c + 8 * k < n) swab::sts128_zero(dst + 128 * k);
+          }
+          continue;
+        }
         const uint8_t* src = p.kv + int64_t(cur[i]) * p.kv_row_stride_bytes + 16 * c;
         const uint32_t dst = base + uint32_t(16 * i * Cfg::kRowStride);
         // chunks c, c + 8, ... (< 41). A whole row (D = 576, the usual call) with its chunk count a
@@ -253,6 +268,7 @@ __device__ __forceinline__ void swab_produce(const KernelParams& p, typename Swa
       }
     }
     ptx::cp_async_mbar_arrive(full);
+    __syncwarp();  // (the lanes' zero stores of masked slots, before lane 0's release arrive)
     if (lane == 0) {  // bit 4 warp + gl + 16 i: slot grp + 16 i of lane 8 gl
       uint64_t mask = 0;
 #pragma unroll
