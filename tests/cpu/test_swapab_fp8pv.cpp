@@ -154,7 +154,7 @@ TEST(SwapAbFp8Pv, TileFactorBoundsTheProducts) {
     }
 }
 
-// One tile's O^T column (64 rows, random P <= 1 with masked rows, fp32 row scales spread over 2^±6, random
+// One tile's O^T column (64 rows, random P <= 1 with masked rows (P 0, scale 0), fp32 row scales spread over 2^±6, random
 // e4m3 codes) through the host model of the kernel's P^T (f16 pair of P, f16 pair of scale * F, their
 // product, the split) and exact products, against float64: relative error of a bf16-class path.
 TEST(SwapAbFp8Pv, TileModelMatchesFloat64) {
@@ -167,22 +167,20 @@ TEST(SwapAbFp8Pv, TileModelMatchesFloat64) {
     for (int m = 0; m < 64; ++m) {
       const bool valid = (rng() % 8) != 0;
       p[m] = valid ? std::exp2(-20.0f * u01(rng) * u01(rng)) : 0.0f;
-      sc[m] = valid ? std::exp2(12.0f * u01(rng) - 6.0f) * 3e-3f : NAN;  // masked rows: a stale (NaN) scale
+      sc[m] = valid ? std::exp2(12.0f * u01(rng) - 6.0f) * 3e-3f : 0.0f;  // masked rows: the producer zeroes the slot
       for (auto& b : code[m]) {
         b = uint8_t(rng());
         if ((b & 0x7f) == 0x7f) b ^= 1;
       }
     }
     uint32_t mx = 0;
-    for (int m = 0; m < 64; ++m)
-      if (p[m] > 0.0f) mx = std::max(mx, num::f32_bits(sc[m]) & 0x7fffffffu);
+    for (int m = 0; m < 64; ++m) mx = std::max(mx, num::f32_bits(sc[m]) & 0x7fffffffu);
     float f = 0.0f, inv = 0.0f;
     p8::tile_factor(mx, f, inv);
     float hi[64], lo[64];
     for (int m = 0; m < 64; m += 2) {  // a pair of rows per f16x2, as a lane's (m0, m1)
-      const bool v0 = p[m] > 0.0f, v1 = p[m + 1] > 0.0f;
       const uint32_t ph = p8::pack_f16x2(p[m], p[m + 1]);
-      const uint32_t sp = p8::pack_f16x2(v0 ? sc[m] * f : 0.0f, v1 ? sc[m + 1] * f : 0.0f);
+      const uint32_t sp = p8::pack_f16x2(sc[m] * f, sc[m + 1] * f);
       const uint32_t v = p8::mul_f16x2(ph, sp);
       uint32_t h4 = 0, l4 = 0;
       p8::split_e4m3x4(v, 0u, h4, l4);

@@ -798,15 +798,13 @@ struct SwabConsumer {
           mx[i][e] = m;
         }
       const int par = iter & 1;
-      if constexpr (kP8 && kDs) {  // the warp's max |scale_j| over its valid rows (bits of positive floats), j = 0..3
+      if constexpr (kP8 && kDs) {  // the warp's max |scale_j| over its rows (bits of positive floats), j = 0..3;
+                                    // a masked row's scales are 0 (the producer zeroes its slot)
         const float s0[4] = {esc[0].x, esc[0].y, esc[0].z, esc[0].w}, s1[4] = {esc[1].x, esc[1].y, esc[1].z, esc[1].w};
         uint32_t sm[4];
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const uint32_t b0 = v0 ? __float_as_uint(s0[j]) & 0x7fffffffu : 0u;
-          const uint32_t b1 = v1 ? __float_as_uint(s1[j]) & 0x7fffffffu : 0u;
-          sm[j] = swab::redux_max(max(b0, b1));
-        }
+        for (int j = 0; j < 4; ++j)
+          sm[j] = swab::redux_max(max(__float_as_uint(s0[j]) & 0x7fffffffu, __float_as_uint(s1[j]) & 0x7fffffffu));
         if (lane == 0) *reinterpret_cast<uint4*>(s.red_s[c][par][warp]) = make_uint4(sm[0], sm[1], sm[2], sm[3]);
       }
       if (g == 0) {
@@ -854,7 +852,7 @@ struct SwabConsumer {
 #pragma unroll
           for (int i = 0; i < kNH; ++i) o[mt][i] *= f[i >> 2][i & 1];
       }
-      // kP8: P^T * scale_j * F_j as hi + lo e4m3 (0 for masked rows: their stale scale is never multiplied),
+      // kP8: P^T * scale_j * F_j as hi + lo e4m3 (0 for masked rows: P = 0 and their zeroed scales),
       // head h's row of tile j's B operand = hi at k, lo at 64 + k (k = swp8::k_of_row(m)): stmatrix.trans of
       // (8 k-pairs x 8 heads) b16 blocks, the element of lane (g, t) = rows (m0, m1) of heads 8 ib + 2 t + e.
       if constexpr (kP8) {
@@ -866,7 +864,8 @@ struct SwabConsumer {
           for (int e = 0; e < 2; ++e) ph[i][e] = swp8::pack_f16x2(x[4 * i + e], x[4 * i + 2 + e]);
 #pragma unroll
         for (int j = 0; j < kPTiles; ++j) {
-          const float f0 = v0 ? (kDs ? s0[j] * tf[j] : tf[j]) : 0.0f, f1 = v1 ? (kDs ? s1[j] * tf[j] : tf[j]) : 0.0f;
+          // (a masked row: P = 0 and, fp8_ds_mla, its zeroed slot's scale 0)
+          const float f0 = kDs ? s0[j] * tf[j] : tf[j], f1 = kDs ? s1[j] * tf[j] : tf[j];
           const uint32_t sp = swp8::pack_f16x2(f0, f1);
           const uint32_t pb = ptx::smem_addr(s.p[c][j]);
 #pragma unroll

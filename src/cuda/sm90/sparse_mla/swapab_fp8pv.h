@@ -129,10 +129,11 @@ SMLA_HD void split_e4m3x4(uint32_t v0, uint32_t v1, uint32_t& hi, uint32_t& lo) 
 // magnitude <= m (P <= 1), from m's float bits (a max of positive floats' bits), and its inverse; the
 // exponent clamped so both are normal floats (m below 2^-119: F = 2^126, products below 2^7).
 SMLA_HD void tile_factor(uint32_t max_bits, float& f, float& inv_f) {
-  uint32_t eb = max_bits >> 23;  // biased exponent (NaN / inf: 255)
-  eb = eb < 8u ? 8u : eb;
-  f = num::bits_f32((261u - eb) << 23);
-  inv_f = num::bits_f32((eb - 7u) << 23);
+  uint32_t e = max_bits & 0x7f800000u;  // 2^floor(log2 m) (NaN / inf: exponent 255)
+  e = e < (8u << 23) ? 8u << 23 : e;
+  const uint32_t inv = e - (7u << 23);  // 2^(floor(log2 m) - 7), normal
+  inv_f = num::bits_f32(inv);
+  f = num::bits_f32((254u << 23) - inv);  // its exact inverse
 }
 
 }  // namespace smla::cuda::sm90::sparse_mla::swp8
