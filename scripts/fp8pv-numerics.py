@@ -98,8 +98,8 @@ def run_case(rng, K, H, row_mag_spread, pow2_scales, score_mul, fbits_list):
                 hi = e4m3(v)
                 lo = e4m3(f16(v - hi)) if mode == 'fp8' else np.zeros_like(hi)
                 acc = np.zeros((128, H))
-                for part in (hi, lo):
-                    for ks in range(2):
+                for ks in range(2):  # the kernel's order: per k32 step, hi then lo
+                    for part in (hi, lo):
                         cc = c[32 * ks:32 * ks + 32]  # (32, 128)
                         pp = part[:, 32 * ks:32 * ks + 32]  # (H, 32)
                         terms = cc[:, :, None] * pp.T[:, None, :]  # (32, 128, H), exact products
