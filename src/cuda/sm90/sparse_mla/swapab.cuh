@@ -83,7 +83,7 @@ struct SwabConfig {
     float qfac[kN];                                 // scale_log2 * 2^(120 - e_h)
     float red_m[2][2][4][kN];                       // [consumer][tile parity][warp][head] partial max
     float red_l[2][4][kN];                          // [consumer][warp][head] final partial sums
-    uint32_t red_s[2][2][4][4];                     // [consumer][tile parity][warp][j] max |row scale j| bits (fp8_ds_mla)
+    uint32_t red_s[2][2][4][4];                     // [consumer][tile parity][warp][j] max |scale_j| bits (ds)
     float fin_m[kN];                                // consumer 1's final max
     uint64_t full[kStages];
     uint64_t empty[kStages];
@@ -268,7 +268,8 @@ __device__ __forceinline__ void swab_produce(const KernelParams& p, typename Swa
       }
     }
     ptx::cp_async_mbar_arrive(full);
-    __syncwarp();  // (the lanes' zero stores of masked slots, before lane 0's release arrive)
+    if constexpr (kF != KvFormat::kNvFP4DsMla) __syncwarp();  // (the lanes' zero stores of masked slots, before
+                                                               // lane 0's release arrive)
     if (lane == 0) {  // bit 4 warp + gl + 16 i: slot grp + 16 i of lane 8 gl
       uint64_t mask = 0;
 #pragma unroll
@@ -820,8 +821,10 @@ struct SwabConsumer {
         uint4 r[4];
 #pragma unroll
         for (int k = 0; k < 4; ++k) r[k] = *reinterpret_cast<const uint4*>(s.red_s[c][par][k]);
-        const uint32_t mj[4] = {max(max(r[0].x, r[1].x), max(r[2].x, r[3].x)), max(max(r[0].y, r[1].y), max(r[2].y, r[3].y)),
-                                max(max(r[0].z, r[1].z), max(r[2].z, r[3].z)), max(max(r[0].w, r[1].w), max(r[2].w, r[3].w))};
+        const uint32_t mj[4] = {max(max(r[0].x, r[1].x), max(r[2].x, r[3].x)),
+                                max(max(r[0].y, r[1].y), max(r[2].y, r[3].y)),
+                                max(max(r[0].z, r[1].z), max(r[2].z, r[3].z)),
+                                max(max(r[0].w, r[1].w), max(r[2].w, r[3].w))};
 #pragma unroll
         for (int j = 0; j < kPTiles; ++j) swp8::tile_factor(mj[j], tf[j], inv_tf[j]);
       } else {
@@ -874,7 +877,8 @@ struct SwabConsumer {
 #pragma unroll
             for (int b = 0; b < 2; ++b) {
               const int ib = 2 * q4 + b;
-              swp8::split_e4m3x4(swp8::mul_f16x2(ph[ib][0], sp), swp8::mul_f16x2(ph[ib][1], sp), r4[2 * b], r4[2 * b + 1]);
+              swp8::split_e4m3x4(swp8::mul_f16x2(ph[ib][0], sp), swp8::mul_f16x2(ph[ib][1], sp), r4[2 * b],
+                                 r4[2 * b + 1]);
             }
             const int mi = lane >> 3, ib = 2 * q4 + (mi >> 1), hl = mi & 1;
             const int h = 8 * ib + (lane & 7);
