@@ -24,6 +24,10 @@
 //     dims are permuted consistently in A and B: lane t (= lane % 4) owns dims [16 t, 16 t + 16)
 //     of each 64-dim chunk, so its fragment of a row comes from one 16-byte load per chunk.
 //   softmax over the tile's rows per head (columns): shuffles within a warp, a 4-warp exchange.
+//   O^T = V^T P^T, fp8_ds_mla and fp8_e4m3 (swapab_fp8pv.h, docs/perf-history.md#s13-fp8pv): wgmma
+//     m64nNk32 .e4m3, A = V^T's raw bytes by a 4 x 4 byte transpose of the words below (4 rows of one dim
+//     per register), B = P^T * scale_j * F_j as hi + lo e4m3 (F_j a power of two per tile and j), each
+//     tile into a fresh accumulator added to O times 1 / F_j (128 products: DESIGN.md §8). nvfp4_ds_mla:
 //   O^T = V^T P^T: wgmma m64nNk16, M = latent dims (8 m64 tiles, m-tile mt inside 128-dim tile mt / 2;
 //     fp8_e4m3, nvfp4_ds_mla: a lane's 16 dims of a row contiguous instead, SwabConsumer::dim0),
 //     A = V^T from registers (the same bit moves, two rows per register by prmt), B = P^T times the
