@@ -21,6 +21,10 @@
 //     dims are permuted consistently in A and B: lane t (= lane % 4) owns dims [16 t, 16 t + 16)
 //     of each 64-dim chunk, so its fragment of a row comes from one 16-byte load per chunk.
 //   softmax over the tile's rows per head (columns): shuffles within a warp, a 4-warp exchange.
+//   O^T = V^T P^T, fp8_ds_mla and fp8_e4m3 (swapab_fp8pv.h, docs/perf-history.md#s13-fp8pv): wgmma
+//     m64nNk32 .e4m3, A = V^T's raw bytes by a 4 x 4 byte transpose of the words below (4 rows of one dim
+//     per register), B = P^T * scale_j * F_j as hi + lo e4m3 (F_j a power of two per tile and j), each
+//     tile into a fresh accumulator added to O times 1 / F_j (128 products: DESIGN.md §8). nvfp4_ds_mla:
 //   O^T = V^T P^T: wgmma m64nNk16, M = latent dims (8 m64 tiles, m-tile mt inside 128-dim tile mt / 2;
 //     fp8_e4m3, nvfp4_ds_mla: a lane's 16 dims of a row contiguous instead, SwabConsumer::dim0),
 //     A = V^T from registers (the same bit moves, two rows per register by prmt), B = P^T times the
@@ -43,6 +47,7 @@
 #include "cuda/sm90/sparse_mla/config.h"
 #include "cuda/sm90/sparse_mla/dequant.h"
 #include "cuda/sm90/sparse_mla/launcher.h"
+#include "cuda/sm90/sparse_mla/swapab_fp8pv.h"
 #include "cuda/sm90/sparse_mla/swapab_nvfp4.h"
 #include "cuda/sm90/sparse_mla/ws_common.cuh"
 #include "smla/types.h"
@@ -79,6 +84,7 @@ struct SwabConfig {
     float qfac[kN];                                 // scale_log2 * 2^(120 - e_h)
     float red_m[2][2][4][kN];                       // [consumer][tile parity][warp][head] partial max
     float red_l[2][4][kN];                          // [consumer][warp][head] final partial sums
+    uint32_t red_s[2][2][4][4];                     // [consumer][tile parity][warp][j] max |scale_j| bits (ds)
     float fin_m[kN];                                // consumer 1's final max
     uint64_t full[kStages];
     uint64_t empty[kStages];
@@ -116,6 +122,9 @@ __device__ __forceinline__ float4 lds128f(uint32_t addr) {
   asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(addr));
   return v;
 }
+__device__ __forceinline__ void sts128_zero(uint32_t addr) {
+  asm volatile("st.shared.v4.b32 [%0], {%1, %1, %1, %1};\n" ::"r"(addr), "r"(0) : "memory");
+}
 __device__ __forceinline__ void sts16(uint32_t addr, uint16_t v) {
   asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(addr), "h"(v) : "memory");
 }
@@ -143,6 +152,22 @@ __device__ __forceinline__ void wgmma_rs16(float (&d)[8], const uint32_t (&a)[4]
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
 }
 
+// D(64 x 16, fp32) (+)= A(64 x 32 e4m3, registers) B(32 x 16 e4m3, K-major smem): P V on the fp8 tensor
+// cores (docs/perf-history.md#s13-fp8pv).
+__device__ __forceinline__ void wgmma_rs8(float (&d)[8], const uint32_t (&a)[4], uint64_t desc_b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, "
+      "p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
+}
+__device__ __forceinline__ uint32_t redux_max(uint32_t v) {
+  uint32_t r;
+  asm("redux.sync.max.u32 %0, %1, 0xffffffff;\n" : "=r"(r) : "r"(v));
+  return r;
+}
+
 template <int N>
 __device__ __forceinline__ void fence_a(uint32_t (&a)[N][4]) {
 #pragma unroll
@@ -153,10 +178,7 @@ __device__ __forceinline__ void fence_a(uint32_t (&a)[N][4]) {
 // 16 s + 4 (e + 2 hi) + (tt + 2 e) % 4. The two rows a lane loads for S (m, m + 1 at the same
 // lane % 4) are 2 mod 4 slots apart (16 banks at a 168-word stride), the four rows of one P V load
 // (tt = 0..3) four consecutive slots (8 banks apart).
-__device__ __forceinline__ int slot_of(int m) {
-  const int e = m & 1, tt = (m >> 1) & 3, hi = (m >> 3) & 1;
-  return (m & ~15) + 4 * (e + 2 * hi) + ((tt + 2 * e) & 3);
-}
+__device__ __forceinline__ int slot_of(int m) { return swp8::slot_of(m); }
 // Physical dim (0..63 inside a 64-dim chunk) of logical k position kl of the chunk: k-step s =
 // kl / 16, column col = kl % 16 of the A fragment; lane t = (col % 8) / 2 owns dims [16 t, 16 t + 16).
 __host__ __device__ constexpr int dim_of(int kl) {
@@ -217,7 +239,19 @@ __device__ __forceinline__ void swab_produce(const KernelParams& p, typename Swa
       const uint32_t base = ptx::smem_addr(s.kv[st]) + uint32_t(grp * Cfg::kRowStride + 16 * c);
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        if (cur[i] < 0) continue;
+        if (cur[i] < 0) {
+          // fp8_ds_mla, fp8_e4m3: a masked slot is zeroed (P V's e4m3 wgmma reads its V bytes raw, and a stale
+          // byte may be the NaN code: 0 * NaN = NaN; docs/perf-history.md#s13-fp8pv), ordered before the
+          // consumers' reads by the __syncwarp and lane 0's arrive below. nvfp4's bit moves never make NaN.
+          if constexpr (kF != KvFormat::kNvFP4DsMla) {
+            const uint32_t dst = base + uint32_t(16 * i * Cfg::kRowStride);
+            const int n = chunks;
+#pragma unroll
+            for (int k = 0; k < 6; ++k)
+              if (c + 8 * k < n) swab::sts128_zero(dst + 128 * k);
+          }
+          continue;
+        }
         const uint8_t* src = p.kv + int64_t(cur[i]) * p.kv_row_stride_bytes + 16 * c;
         const uint32_t dst = base + uint32_t(16 * i * Cfg::kRowStride);
         // chunks c, c + 8, ... (< 41). A whole row (D = 576, the usual call) with its chunk count a
@@ -235,6 +269,8 @@ __device__ __forceinline__ void swab_produce(const KernelParams& p, typename Swa
       }
     }
     ptx::cp_async_mbar_arrive(full);
+    if constexpr (kF != KvFormat::kNvFP4DsMla) __syncwarp();  // (the lanes' zero stores of masked slots, before
+                                                               // lane 0's release arrive)
     if (lane == 0) {  // bit 4 warp + gl + 16 i: slot grp + 16 i of lane 8 gl
       uint64_t mask = 0;
 #pragma unroll
@@ -339,6 +375,9 @@ struct SwabConsumer {
   // nvfp4_ds_mla: e2m1 with a block scale per 16 values, applied to K and V as they are converted
   // (swapab_nvfp4.h: the same units as e4m3, value * 2^-120); an e4m3 RoPE, no scale in P^T.
   static constexpr bool kNv = kF == KvFormat::kNvFP4DsMla;
+  // fp8_ds_mla, fp8_e4m3: P V on the e4m3 tensor cores (m64nNk32, A = the raw V bytes transposed, B = P^T
+  // as two e4m3 halves; swapab_fp8pv.h, docs/perf-history.md#s13-fp8pv); nvfp4_ds_mla: bf16 as before.
+  static constexpr bool kP8 = !kNv;
   static constexpr int kRopeE4m3 = row_layout(kF).rope_offset;  // the e4m3 RoPE's bytes (not fp8_ds_mla)
   using Smem = typename Cfg::SharedStorage;
   static constexpr int kNH = kN / 2;  // accumulator registers of an m64nN product
@@ -592,6 +631,56 @@ struct SwabConsumer {
     for (int mt = 0; mt < 8; ++mt) ptx::fence_operands(o[mt]);
   }
 
+  // kP8: O^T += (V^T P^T) / F_j for the tile: two k32 steps s, each the words of k16 blocks 2 s and 2 s + 1
+  // (words(s, wd): loaded as pv_convert loads them) transposed into
+  // e4m3 A fragments, then per m-tile hi (B at k 32 s) and lo (B at k 64 + 32 s) into a fresh accumulator
+  // (128 products, then promoted: DESIGN.md §8), added to O times inv_f of its latent tile.
+  template <class Words>
+  __device__ __forceinline__ static void pv8(Words&& words, uint32_t p_base, const float (&inv_f)[kPTiles],
+                                             float (&o)[8][kNH]) {
+    uint32_t a[2][8][4];
+    float acc[8][kNH];
+    // (four P^T: opaque per tile, so the descriptors are formed in uniform registers: s12-swapab-diet)
+    if constexpr (kPTiles == 4) asm volatile("" : "+r"(p_base));
+    const uint64_t pd = ptx::sw128_desc(p_base, 16, 1024);
+#pragma unroll
+    for (int st = 0; st < 2; ++st) {
+      uint32_t wd[2][4][4];
+      words(st, wd);
+      swp8::v_fragments(wd, a[st]);
+      ptx::wgmma_fence();
+#pragma unroll
+      for (int mt = 0; mt < 8; ++mt) {
+        swab::wgmma_rs8(acc[mt], a[st][mt], pd + p_tile(mt) + uint32_t(2 * st), st);
+        swab::wgmma_rs8(acc[mt], a[st][mt], pd + p_tile(mt) + uint32_t(2 * st + 4), 1);
+      }
+      ptx::wgmma_commit();
+    }
+    ptx::wgmma_wait<0>();
+    swab::fence_a(a[0]);
+    swab::fence_a(a[1]);
+#pragma unroll
+    for (int mt = 0; mt < 8; ++mt) {
+      ptx::fence_operands(acc[mt]);
+#pragma unroll
+      for (int i = 0; i < kNH; ++i) o[mt][i] = fmaf(acc[mt][i], inv_f[kPTiles == 4 ? mt >> 1 : 0], o[mt][i]);
+    }
+  }
+  // kP8: the words of k16 block kk as pv_convert loads them: wd[c][j].
+  __device__ __forceinline__ static void pv_load_block(uint32_t kv, int w, int g, int t, int kk, uint32_t (&wd)[4][4]) {
+    const uint32_t col = uint32_t(dim0(0, w, g));
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const uint32_t row = kv + uint32_t(swab::slot_of(swp8::row_of_word(kk, t, c)) * Cfg::kRowStride) + col;
+      if constexpr (kV16) {
+        swab::lds128(wd[c], row);
+      } else {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) wd[c][j] = swab::lds32(row + uint32_t(128 * j));
+      }
+    }
+  }
+
   // The tile loop of consumer c (thread wt of its warpgroup), then the merge with the other
   // consumer and the stores (consumer 0).
   __device__ __forceinline__ static void run(const KernelParams& p, Smem& s, const WsBlock& w, int c, int wt) {
@@ -643,6 +732,15 @@ struct SwabConsumer {
           mx[i][e] = m;
         }
       const int par = iter & 1;
+      if constexpr (kP8 && kDs) {  // the warp's max |scale_j| over its rows (bits of positive floats), j = 0..3;
+                                    // a masked row's scales are 0 (the producer zeroes its slot)
+        const float s0[4] = {esc[0].x, esc[0].y, esc[0].z, esc[0].w}, s1[4] = {esc[1].x, esc[1].y, esc[1].z, esc[1].w};
+        uint32_t sm[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+          sm[j] = swab::redux_max(max(__float_as_uint(s0[j]) & 0x7fffffffu, __float_as_uint(s1[j]) & 0x7fffffffu));
+        if (lane == 0) *reinterpret_cast<uint4*>(s.red_s[c][par][warp]) = make_uint4(sm[0], sm[1], sm[2], sm[3]);
+      }
       if (g == 0) {
 #pragma unroll
         for (int i = 0; i < kNB; ++i)
@@ -650,6 +748,22 @@ struct SwabConsumer {
           for (int e = 0; e < 2; ++e) s.red_m[c][par][warp][8 * i + 2 * t + e] = mx[i][e];
       }
       ptx::named_sync(bar_wg, 128);
+      // kP8: F_j, the power of two that puts P * scale_j * F_j under 256 over the tile (fp8_e4m3: F = 2^8)
+      float tf[kPTiles], inv_tf[kPTiles];
+      if constexpr (kP8 && kDs) {
+        uint4 r[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) r[k] = *reinterpret_cast<const uint4*>(s.red_s[c][par][k]);
+        const uint32_t mj[4] = {max(max(r[0].x, r[1].x), max(r[2].x, r[3].x)),
+                                max(max(r[0].y, r[1].y), max(r[2].y, r[3].y)),
+                                max(max(r[0].z, r[1].z), max(r[2].z, r[3].z)),
+                                max(max(r[0].w, r[1].w), max(r[2].w, r[3].w))};
+#pragma unroll
+        for (int j = 0; j < kPTiles; ++j) swp8::tile_factor(mj[j], tf[j], inv_tf[j]);
+      } else {
+#pragma unroll
+        for (int j = 0; j < kPTiles; ++j) tf[j] = 256.0f, inv_tf[j] = 1.0f / 256.0f;
+      }
       float f[kNB][2];
       bool any_f = false;
 #pragma unroll
@@ -674,9 +788,39 @@ struct SwabConsumer {
 #pragma unroll
           for (int i = 0; i < kNH; ++i) o[mt][i] *= f[i >> 2][i & 1];
       }
+      // kP8: P^T * scale_j * F_j as hi + lo e4m3 (0 for masked rows: P = 0 and their zeroed scales),
+      // head h's row of tile j's B operand = hi at k, lo at 64 + k (k = swp8::k_of_row(m)): stmatrix.trans of
+      // (8 k-pairs x 8 heads) b16 blocks, the element of lane (g, t) = rows (m0, m1) of heads 8 ib + 2 t + e.
+      if constexpr (kP8) {
+        const float s0[4] = {esc[0].x, esc[0].y, esc[0].z, esc[0].w}, s1[4] = {esc[1].x, esc[1].y, esc[1].z, esc[1].w};
+        uint32_t ph[kNB][2];  // P of rows (m0, m1), f16x2, per head 8 i + 2 t + e
+#pragma unroll
+        for (int i = 0; i < kNB; ++i)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) ph[i][e] = swp8::pack_f16x2(x[4 * i + e], x[4 * i + 2 + e]);
+#pragma unroll
+        for (int j = 0; j < kPTiles; ++j) {
+          // (a masked row: P = 0 and, fp8_ds_mla, its zeroed slot's scale 0)
+          const float f0 = kDs ? s0[j] * tf[j] : tf[j], f1 = kDs ? s1[j] * tf[j] : tf[j];
+          const uint32_t sp = swp8::pack_f16x2(f0, f1);
+          const uint32_t pb = ptx::smem_addr(s.p[c][j]);
+#pragma unroll
+          for (int q4 = 0; q4 < kNB / 2; ++q4) {  // matrices (ib, half) for ib = 2 q4, 2 q4 + 1; half 0 hi, 1 lo
+            uint32_t r4[4];
+#pragma unroll
+            for (int b = 0; b < 2; ++b) {
+              const int ib = 2 * q4 + b;
+              swp8::split_e4m3x4(swp8::mul_f16x2(ph[ib][0], sp), swp8::mul_f16x2(ph[ib][1], sp), r4[2 * b],
+                                 r4[2 * b + 1]);
+            }
+            const int mi = lane >> 3, ib = 2 * q4 + (mi >> 1), hl = mi & 1;
+            const int h = 8 * ib + (lane & 7);
+            swab::stmatrix_x4_trans(pb + uint32_t(h * 128 + (((4 * hl + warp) ^ (h & 7)) << 4)), r4);
+          }
+        }
+      } else {
       // P^T * scale_j * 2^56 (0 for masked rows: their stale scale is never multiplied) as the
       // K-major B operand of tile j: stmatrix.trans of the (8 rows x 8 heads) blocks.
-      {
         float4 sc0 = make_float4(1.0f, 1.0f, 1.0f, 1.0f), sc1 = sc0;  // fp8_e4m3, nvfp4: no row scales
         if constexpr (kDs) sc0 = esc[0], sc1 = esc[1];
         const float s0[4] = {sc0.x, sc0.y, sc0.z, sc0.w}, s1[4] = {sc1.x, sc1.y, sc1.z, sc1.w};
@@ -703,7 +847,16 @@ struct SwabConsumer {
       }
       ptx::fence_proxy_async_smem();
       ptx::named_sync(bar_wg, 128);
-      pv(kv, ptx::smem_addr(s.p[c][0]), warp, g, t, ws_bar(s.empty[st]), o);
+      if constexpr (kP8) {
+        const uint32_t empty = ws_bar(s.empty[st]);
+        pv8([&](int s2, uint32_t(&wd)[2][4][4]) {
+              pv_load_block(kv, warp, g, t, 2 * s2, wd[0]);
+              pv_load_block(kv, warp, g, t, 2 * s2 + 1, wd[1]);
+              if (s2 == 1) ptx::mbar_arrive(empty);  // (after the tile's last loads)
+            }, ptx::smem_addr(s.p[c][0]), inv_tf, o);
+      } else {
+        pv(kv, ptx::smem_addr(s.p[c][0]), warp, g, t, ws_bar(s.empty[st]), o);
+      }
     }
 
     // ---- merge the two consumers, then out / LSE (or the split's partials) from consumer 0.
@@ -752,8 +905,9 @@ struct SwabConsumer {
         const float l = la * fa + lb * fb;
         float denom = l;
         if (p.num_splits == 1 && p.sink != nullptr && l > 0.0f && hv[i][e]) denom += exp2f(p.sink[w.head0 + h] * kLog2e - m);
-        // O = 2^64 * accumulator (P carried 2^56, V 2^-120)
-        const float sc = l > 0.0f ? p.out_scale * 18446744073709551616.0f / denom : 0.0f;
+        // O = 2^64 * accumulator (P carried 2^56, V 2^-120); kP8: O is in the rows' units already
+        constexpr float kOUnit = kP8 ? 1.0f : 18446744073709551616.0f;
+        const float sc = l > 0.0f ? p.out_scale * kOUnit / denom : 0.0f;
 #pragma unroll
         for (int mt = 0; mt < 8; ++mt)
 #pragma unroll
