@@ -4,6 +4,7 @@
 // the next tile's S is issued behind that P V.
 #pragma once
 
+#include "cuda/sm90/sparse_mla/lazy_rescale.h"
 #include "cuda/sm90/sparse_mla/ws_common.cuh"
 
 namespace smla::cuda::sm90::sparse_mla {
@@ -270,6 +271,9 @@ __device__ __forceinline__ void score_loop(const KernelParams& p, WsSmem<kQ8>& s
   using Cfg = WsConfig;
   const int n = w.num_tiles;
   const bool scale_pos = p.scale_log2 > 0.0f;
+  // 16-bit caches: the lazy O rescale (lazy_rescale.h): m_run is the rows' reference, moved only when
+  // a tile's max passes it by more than kLazyRescaleLog2; the quantized paths keep the running max.
+  constexpr bool kLazy = !kQ8 && !kQuantized<kFormat>;
   float acc_s[32];
   uint32_t a_p[4][4];
   uint32_t bits = 0;
@@ -291,7 +295,7 @@ __device__ __forceinline__ void score_loop(const KernelParams& p, WsSmem<kQ8>& s
     mask_and_max(p, scale_pos, bits, acc_s, mx);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const float m_new = fmaxf(m_run[r], mx[r]);
+      const float m_new = kLazy ? lazy_ref(m_run[r], mx[r]) : fmaxf(m_run[r], mx[r]);
       f[r] = m_new == m_run[r] ? 1.0f : ws::rescale(m_run[r], m_new);
       m_run[r] = m_new;
     }
