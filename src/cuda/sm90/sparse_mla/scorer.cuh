@@ -343,9 +343,13 @@ __device__ __forceinline__ void score_loop(const KernelParams& p, WsSmem<kQ8>& s
         // The same path in all four warps (wgmma is warpgroup-wide): the barrier ANDs their tests.
         const int b1 = (tile + 1) & 1;
         const uint32_t parity1 = ((tile + 1) >> 1) & 1;
-        const bool landed = ptx::named_sync_and(
-            uint32_t(Bar::kScorer), 128,
-            ptx::mbar_test(ws_bar(s.full[b1][0]), parity1) && ptx::mbar_test(ws_bar(s.full[b1][1]), parity1));
+        // 16-bit caches: no test, the not-landed path always (it was taken in 97 % of tiles, and the
+        // test cost ~10 % of the loop: docs/perf-history.md#s13-bf16blk); the same bits.
+        const bool landed =
+            kQuantized<kFormat> &&
+            ptx::named_sync_and(
+                uint32_t(Bar::kScorer), 128,
+                ptx::mbar_test(ws_bar(s.full[b1][0]), parity1) && ptx::mbar_test(ws_bar(s.full[b1][1]), parity1));
         if (!landed) {
           ptx::wgmma_wait<0>();  // P V done
           fence_pv(acc_o, a_p);
