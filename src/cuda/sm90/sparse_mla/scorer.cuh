@@ -258,6 +258,8 @@ __device__ __forceinline__ void fence_pv(float (&acc_o)[128], uint32_t (&a_p)[4]
   for (int kk = 0; kk < 4; ++kk) ptx::fence_operands(a_p[kk]);
 }
 
+// 16-bit caches (docs/perf-history.md#s13-bf16blk): of the two cases at the end of the next paragraph,
+// always the second (no landed test); m_run is the lazy reference of lazy_rescale.h.
 // The scorer's tile loop. Every path through the loop body ends with no wgmma in flight (a group
 // pending across the back edge makes ptxas serialize them, C7515); the next tile's S still runs
 // behind this tile's P V. Release of a tile's halves (16-bit and dequantized rows): dims 4-8 once
