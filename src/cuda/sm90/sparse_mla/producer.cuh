@@ -22,14 +22,25 @@ __device__ __forceinline__ void ws_produce(const KernelParams& p, WsConfig::Shar
   const int c = wt & 7, grp = wt >> 3;
   const uint32_t dst0 = uint32_t(grp * Cfg::kAtomBytes + ((c ^ (grp & 7)) << 4));
   const bool rope = p.k_steps > kLatent / 16;
-  int64_t off[4];  // byte offsets of this thread's rows in the next tile (-1: masked)
-  auto load_ids = [&](int tile) {
+  // Row ids one tile ahead (as ws_produce_quant): tile t + 1's ids are loaded when tile t's rows
+  // are taken, so their latency runs under tile t's empty wait and copies, not in front of the
+  // next refill (docs/perf-history.md#s13-bf16blk). Rows are kept as ids (-1: masked) and turned
+  // into byte offsets at each copy: 4 registers fewer than offsets (the producer has 56).
+  int rows[4], next_rows[4];
+  auto fetch_rows = [&](int tile) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int e = w.begin + tile * kBlockK + grp + 16 * i;
-      const int row = e < w.end ? __ldg(w.idx_row + e) : -1;
-      off[i] = (row >= 0 && row < p.num_rows) ? int64_t(row) * p.kv_row_stride_bytes : int64_t(-1);
+      next_rows[i] = e < w.end ? __ldg(w.idx_row + e) : -1;  // (e < end: tile < num_tiles)
     }
+  };
+  auto load_ids = [&](int tile) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int row = next_rows[i];
+      rows[i] = (row >= 0 && row < p.num_rows) ? row : -1;
+    }
+    fetch_rows(tile + 1);
   };
   // Dim blocks [kBlk0, kBlk1) of the tile's rows into the buffer at `base`. L2 fetches are 256
   // bytes (DRAM runs faster than with 128), except a row's last block when it starts a 256-byte
@@ -39,8 +50,9 @@ __device__ __forceinline__ void ws_produce(const KernelParams& p, WsConfig::Shar
     constexpr int kBlk0 = decltype(kblk0)::value, kBlk1 = decltype(kblk1)::value;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const bool ok = off[i] >= 0;
-      const uint8_t* src = ok ? p.kv + off[i] + c * 16 : reinterpret_cast<const uint8_t*>(p.idx);
+      const bool ok = rows[i] >= 0;
+      const uint8_t* src =
+          ok ? p.kv + int64_t(rows[i]) * p.kv_row_stride_bytes + c * 16 : reinterpret_cast<const uint8_t*>(p.idx);
       const uint32_t dst = base + dst0 + uint32_t(16 * i * Cfg::kAtomBytes);
       const uint32_t seg = uint32_t(reinterpret_cast<uintptr_t>(src) >> 7) & 1;  // block 0 in a segment's 2nd half
 #pragma unroll
@@ -56,7 +68,10 @@ __device__ __forceinline__ void ws_produce(const KernelParams& p, WsConfig::Shar
   using I0 = std::integral_constant<int, 0>;
   using I4 = std::integral_constant<int, 4>;
   using I9 = std::integral_constant<int, 9>;
-  if (w.num_tiles > 0) load_ids(0);
+  if (w.num_tiles > 0) {
+    fetch_rows(0);
+    load_ids(0);
+  }
   for (int tile = 0; tile < w.num_tiles; ++tile) {
     const int b = tile & 1;
     const uint32_t parity = ((tile >> 1) & 1) ^ 1;
@@ -68,7 +83,7 @@ __device__ __forceinline__ void ws_produce(const KernelParams& p, WsConfig::Shar
     ptx::mbar_wait(ws_bar(s.empty[b][1]), parity);
     copy(base, I4{}, I9{});
     ptx::cp_async_mbar_arrive(ws_bar(s.full[b][1]));
-    // The next tile's row ids now (cp.async once its buffer frees up).
+    // The next tile's offsets from ids loaded a tile ago, and the ids of the tile after it.
     if (tile + 1 < w.num_tiles) load_ids(tile + 1);
   }
   if (wt == 0) ws_stamp(p, phase::kProducerDone);

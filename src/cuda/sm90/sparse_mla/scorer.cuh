@@ -4,6 +4,7 @@
 // the next tile's S is issued behind that P V.
 #pragma once
 
+#include "cuda/sm90/sparse_mla/lazy_rescale.h"
 #include "cuda/sm90/sparse_mla/ws_common.cuh"
 
 namespace smla::cuda::sm90::sparse_mla {
@@ -244,6 +245,8 @@ __device__ __forceinline__ void fence_pv(float (&acc_o)[128], uint32_t (&a_p)[4]
   for (int kk = 0; kk < 4; ++kk) ptx::fence_operands(a_p[kk]);
 }
 
+// 16-bit caches (docs/perf-history.md#s13-bf16blk): of the two cases at the end of the next paragraph,
+// always the second (no landed test); m_run is the lazy reference of lazy_rescale.h.
 // The scorer's tile loop. Every path through the loop body ends with no wgmma in flight (a group
 // pending across the back edge makes ptxas serialize them, C7515); the next tile's S still runs
 // behind this tile's P V. Release of a tile's halves (16-bit and dequantized rows): dims 4-8 once
@@ -257,6 +260,9 @@ __device__ __forceinline__ void score_loop(const KernelParams& p, WsSmem<kQ8>& s
   using Cfg = WsConfig;
   const int n = w.num_tiles;
   const bool scale_pos = p.scale_log2 > 0.0f;
+  // 16-bit caches: the lazy O rescale (lazy_rescale.h): m_run is the rows' reference, moved only when
+  // a tile's max passes it by more than kLazyRescaleLog2; the quantized paths keep the running max.
+  constexpr bool kLazy = !kQ8 && !kQuantized<kFormat>;
   float acc_s[32];
   uint32_t a_p[4][4];
   uint32_t bits = 0;
@@ -278,7 +284,7 @@ __device__ __forceinline__ void score_loop(const KernelParams& p, WsSmem<kQ8>& s
     mask_and_max(p, scale_pos, bits, acc_s, mx);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const float m_new = fmaxf(m_run[r], mx[r]);
+      const float m_new = kLazy ? lazy_ref(m_run[r], mx[r]) : fmaxf(m_run[r], mx[r]);
       f[r] = m_new == m_run[r] ? 1.0f : ws::rescale(m_run[r], m_new);
       m_run[r] = m_new;
     }
@@ -326,9 +332,13 @@ __device__ __forceinline__ void score_loop(const KernelParams& p, WsSmem<kQ8>& s
         // The same path in all four warps (wgmma is warpgroup-wide): the barrier ANDs their tests.
         const int b1 = (tile + 1) & 1;
         const uint32_t parity1 = ((tile + 1) >> 1) & 1;
-        const bool landed = ptx::named_sync_and(
-            uint32_t(Bar::kScorer), 128,
-            ptx::mbar_test(ws_bar(s.full[b1][0]), parity1) && ptx::mbar_test(ws_bar(s.full[b1][1]), parity1));
+        // 16-bit caches: no test, the not-landed path always (it was taken in 97 % of tiles, and the
+        // test cost ~10 % of the loop: docs/perf-history.md#s13-bf16blk); the same bits.
+        const bool landed =
+            kQuantized<kFormat> &&
+            ptx::named_sync_and(
+                uint32_t(Bar::kScorer), 128,
+                ptx::mbar_test(ws_bar(s.full[b1][0]), parity1) && ptx::mbar_test(ws_bar(s.full[b1][1]), parity1));
         if (!landed) {
           ptx::wgmma_wait<0>();  // P V done
           fence_pv(acc_o, a_p);
