@@ -64,6 +64,7 @@
 #include "../serving/writer_mirror.h"
 #include "gather.h"
 #include "smla/cuda_tiered.h"
+#include "onegrid.h"
 #include "victims.h"
 #include "smla/formats.h"
 
@@ -89,6 +90,7 @@ constexpr int kCopyUnroll = 16;  // 16-byte host loads in flight per thread: 64 
 constexpr int kCopyRoundUnroll = 8;
 constexpr int kCopyBlocksPerSm = 2;
 int copy_blocks_override = 0;        // set_tiered_copy_blocks_for_testing (0: the launcher's choice)
+int one_grid_mode = 0;               // set_tiered_one_grid_for_testing (0: where the shape allows it, 1: never)
 bool copy_late = false;              // set_tiered_copy_late_for_testing: the first loads wait for the resolver's end
 int early_read_mode = 0;             // set_tiered_early_read_for_testing (0: SMLA_HISPARSE_EARLY decides)
 uint64_t* phase_buffer = nullptr;    // set_tiered_phase_buffer_for_testing
@@ -1347,6 +1349,268 @@ __global__ void __launch_bounds__(kCopyThreads) copy_kernel(CopyParams c) {
   phase_max(c.phase, kPhCopyEnd);
 }
 
+// ---- The one-grid step (s13, perf-history s13-hisparse) ----
+// One cooperative launch of num_reqs x (1 + G) blocks of kThreads: per request, block 0 is the
+// chooser and blocks 1 .. G the workers (tiered::onegrid_workers: one per 128 entries, at most 16).
+// Used for one token per request with req_of_token null (token r -> request r), R <= 4608 and a grid
+// that fits the device at once (the launch guarantees co-residency, so the blocks may wait on one
+// another); every other call takes resolve_kernel + copy_kernel. The same rule, the same results.
+//
+// Worker b takes entries [b E, b E + count) of its request's token, one per thread: length, clock,
+// position, then map word and pool row together; a hit exchanges its slot's stamp for `now` (the
+// count of hits is the exchanges that returned another stamp, as in classify_entries), a miss with
+// a pool row claims its position (-1 -> -2), a miss without one is an error. A block scan of the
+// entries' validity places each valid entry in the block's segment [b E, b E + count) in entry
+// order; hits and the newest row write their ids at once, the rest of the segment gets -1. The
+// claimed misses go to the job list (the block's segment of the request's list) and their first
+// round of host loads is issued. The block then stores its record (tiered::pack_record), fences,
+// and arrives on the request's hand-off word. A block with no entry left unresolved (a claim, or a
+// position another entry claimed) exits; the others wait for the chooser's word, leave (add 1),
+// write their unresolved entries' ids from the final map (unless the chooser rewrote the row) and
+// store their claimed rows to the final slots.
+//
+// The chooser waits for the G arrivals, reads the records, gathers the claimed positions into
+// sm.miss and runs assign_slots (the counting path up to kSmallMisses misses, the sorts above: the
+// same victims as resolve_kernel). When the workers' segments are not the compacted row (a worker
+// before the last with an invalid entry: tiered::onegrid_needs_fixup) it rewrites the whole row
+// from the final map (write_rows) before raising its word, and the workers skip their id writes.
+// It then writes the count, the clock and the counters, and puts the hand-off words back to 0.
+// The hand-off words are the state's copy_flags of the request (word 0, words 8 .. 8 + G - 1),
+// which copy_kernel also expects to be 0 between steps.
+__device__ __forceinline__ uint32_t ld_acquire_u32(const uint32_t* p) {
+  uint32_t v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void st_release_u32(uint32_t* p, uint32_t v) {
+  asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+
+using OneGridSmem = ResolveSmem<kItemsSmall>;
+
+__device__ void onegrid_worker(const ResolveParams& p, OneGridSmem& sm, int r, int b, int G, int per) {
+  namespace tg = tiered;
+  __shared__ uint32_t s_word;
+  const int t = int(threadIdx.x), lane = t & 31;
+  phase_max(p.phase, kPhCopyStart);
+  if (r >= p.num_tokens) return;  // no token for this request: nothing to resolve (the chooser agrees)
+  const int32_t len = p.seq_lens[r];
+  if (len < 0 || int64_t(len) > p.max_positions) return;  // dropped: the chooser writes the empty row
+  uint32_t* stamps = p.stamps + int64_t(r) * p.R;
+  int32_t* map = p.pos_slot + int64_t(r) * p.max_positions;
+  uint32_t* words = p.copy_flags + int64_t(r) * kTieredCopyFlags;
+  const uint32_t now = __ldcg(stamps + (p.R - 1)) + 1;
+  const int first = tg::onegrid_first(b, per), count = tg::onegrid_count(p.topk, b, per);
+  const int32_t pos = t < count ? p.positions[int64_t(r) * p.pos_stride_t + first + t] : -1;
+  if (t == 0) sm.num_miss = 0, sm.hits = 0, sm.errors = 0, sm.newest_used = 0, sm.bad = 0;
+  const EntryKind kind = classify(len, pos);
+  const int32_t slot = kind == kOld ? map[pos] : -3;
+  const int32_t prow = kind == kOld ? int32_t(pool_row_of(p, r, pos)) : -1;
+  uint32_t old = now;
+  if (slot >= 0) old = atomicExch(&stamps[slot], now);
+  const bool error = slot == -1 && prow < 0;
+  const bool claimed = slot == -1 && prow >= 0 && atomicCAS(&map[pos], -1, -2) == -1;
+  const bool unresolved = kind == kOld && slot < 0 && prow >= 0;  // its slot comes from the victim choice
+  const int valid = kind == kNewest || (kind == kOld && (slot >= 0 || prow >= 0));
+  __syncthreads();  // the counters above are zero before any update
+  int off = 0, nvalid = 0;
+  Scan(sm.scan).ExclusiveSum(valid, off, nvalid);
+  int32_t* out = p.phys + int64_t(r) * p.phys_stride_t + first;
+  if (valid && !unresolved) out[off] = r * p.R + (kind == kNewest ? p.R - 1 : slot);
+  if (t >= nvalid && t < count) out[t] = -1;
+  {  // counts, summed per warp
+    const unsigned h = __reduce_add_sync(0xffffffffu, unsigned(slot >= 0 && old != now));
+    const unsigned e = __reduce_add_sync(0xffffffffu, unsigned(error));
+    const bool nw = __any_sync(0xffffffffu, kind == kNewest), un = __any_sync(0xffffffffu, unresolved);
+    if (lane == 0) {
+      if (h) atomicAdd(&sm.hits, h);
+      if (e) atomicAdd(&sm.errors, e);
+      if (nw) sm.newest_used = 1;
+      if (un) sm.bad = 1;
+    }
+  }
+  // The claimed misses: positions and pool rows in shared memory (sorted_miss / slot_old: unused by
+  // a worker otherwise), and the block's segment of the request's job list for the chooser.
+  {
+    const unsigned m = __ballot_sync(0xffffffffu, claimed);
+    if (m != 0) {
+      int at = 0;
+      if (lane == __ffs(m) - 1) at = atomicAdd(&sm.num_miss, __popc(m));
+      at = __shfl_sync(0xffffffffu, at, __ffs(m) - 1);
+      if (claimed) {
+        const int idx = at + __popc(m & ((1u << lane) - 1));
+        sm.sorted_miss[idx] = pos, sm.slot_old[idx] = prow;
+        p.jobs[int64_t(r) * p.R + first + idx] = CopyJob{prow, pos};
+      }
+    }
+  }
+  __syncthreads();
+  const int n = sm.num_miss;
+  const int pieces = p.row_bytes / 16, total = n * pieces;
+  CopyRound rd;
+#pragma unroll
+  for (int u = 0; u < kCopyRoundUnroll; ++u) {  // the first round, before any victim is known
+    const int i = t + u * kThreads;
+    if (i < total)
+      rd.v[u] = *reinterpret_cast<const uint4*>(p.pool + int64_t(sm.slot_old[i / pieces]) * p.pool_stride +
+                                                16 * (i % pieces));
+  }
+  phase_max(p.phase, kPhCopyLoads);
+  const bool waits = sm.bad != 0;
+  __threadfence();  // ids, job entries, claims and exchanges of every thread before the arrival
+  __syncthreads();
+  if (t == 0) {
+    words[tg::kOneGridRecordWord + b] = tg::pack_record(nvalid, n, int(sm.errors), waits, sm.newest_used != 0);
+    if (sm.hits) atomicAdd(reinterpret_cast<unsigned long long*>(&p.ctr->hits), (unsigned long long)sm.hits);
+    __threadfence();
+    atomicAdd(words, 1u);
+  }
+  phase_max(p.phase, kPhCopyFlag);
+  if (!waits) return;
+  if (t == 0) {
+    uint32_t v;
+    while (((v = ld_acquire_u32(words)) & tg::kOneGridDone) == 0) __nanosleep(32);
+    atomicAdd(words, 1u);  // leaving: the chooser puts the word back to 0 once every waiting block has
+    s_word = v;
+  }
+  __syncthreads();  // thread 0's acquire, then the block's reads of the final map
+  phase_max(p.phase, kPhCopyWait);
+  if (unresolved && (s_word & tg::kOneGridFixup) == 0) {
+    const int32_t s = __ldcg(map + pos);
+    out[off] = s >= 0 ? r * p.R + s : -1;
+  }
+  uint8_t* hot = p.hot + int64_t(r) * p.R * p.hot_stride;
+  bool loaded = true;
+  for (int base = t; base < total; base += kThreads * kCopyRoundUnroll) {
+    if (!loaded) {
+#pragma unroll
+      for (int u = 0; u < kCopyRoundUnroll; ++u) {
+        const int i = base + u * kThreads;
+        if (i < total)
+          rd.v[u] = *reinterpret_cast<const uint4*>(p.pool + int64_t(sm.slot_old[i / pieces]) * p.pool_stride +
+                                                    16 * (i % pieces));
+      }
+    }
+    loaded = false;
+    int32_t dst[kCopyRoundUnroll];
+#pragma unroll
+    for (int u = 0; u < kCopyRoundUnroll; ++u) {
+      const int i = base + u * kThreads;
+      dst[u] = i < total ? __ldcg(map + sm.sorted_miss[i / pieces]) : -1;
+    }
+#pragma unroll
+    for (int u = 0; u < kCopyRoundUnroll; ++u) {
+      const int i = base + u * kThreads;
+      if (dst[u] >= 0 && dst[u] < p.R - 1)
+        *reinterpret_cast<uint4*>(hot + int64_t(dst[u]) * p.hot_stride + 16 * (i % pieces)) = rd.v[u];
+    }
+  }
+  phase_max(p.phase, kPhCopyEnd);
+}
+
+__device__ void onegrid_chooser(const ResolveParams& p, OneGridSmem& sm, int r, int G, int per) {
+  namespace tg = tiered;
+  __shared__ int s_off[tg::kOneGridWorkers];
+  __shared__ int s_claims[tg::kOneGridWorkers];
+  __shared__ int s_valid, s_fixup, s_waiters;
+  const int t = int(threadIdx.x);
+  phase_stamp(p.phase, kPhStart);
+  uint32_t* clock = p.stamps + int64_t(r) * p.R + (p.R - 1);
+  uint32_t* words = p.copy_flags + int64_t(r) * kTieredCopyFlags;
+  const uint32_t now = __ldcg(clock) + 1;  // through L2: the chooser's L1 holds no line of the stamps
+  const bool has_token = r < p.num_tokens;
+  const int32_t len = has_token ? p.seq_lens[r] : 0;
+  const bool bad = has_token && (len < 0 || int64_t(len) > p.max_positions);
+  unsigned errors = 0;  // thread 0's
+  // Tokens whose request id has no hot buffer (t >= num_reqs), spread over the choosers.
+  for (int64_t q = int64_t(p.num_reqs) + r; q < p.num_tokens; q += p.num_reqs) {
+    write_empty_row(p, q);
+    if (t == 0) ++errors;
+  }
+  if (bad) {
+    write_empty_row(p, r);
+    if (t == 0) ++errors;
+  }
+  const bool live = has_token && !bad;
+  int n = 0;
+  bool newest = false;
+  if (live) {
+    if (t == 0) {
+      while (ld_acquire_u32(words) < uint32_t(G)) __nanosleep(32);
+    }
+    __syncthreads();  // thread 0's acquire, then the block's reads of what the workers wrote
+    phase_stamp(p.phase, kPhClassified);
+    if (t < G) {
+      const tg::OneGridRecord rec = tg::unpack_record(__ldcg(words + tg::kOneGridRecordWord + t));
+      s_claims[t] = rec.claims;
+    }
+    if (t == 0) {
+      int off = 0, nvalid = 0, waiters = 0;
+      bool fixup = false;
+      for (int b = 0; b < G; ++b) {
+        const tg::OneGridRecord rec = tg::unpack_record(__ldcg(words + tg::kOneGridRecordWord + b));
+        s_off[b] = off, off += rec.claims;
+        nvalid += rec.valid, waiters += rec.waits ? 1 : 0;
+        fixup |= tg::onegrid_breaks_row(rec.valid, b, G, p.topk, per);  // tg::onegrid_needs_fixup
+        errors += unsigned(rec.errors);
+        newest |= rec.newest;
+      }
+      sm.num_miss = off, s_valid = nvalid, s_waiters = waiters, s_fixup = fixup ? 1 : 0;
+      sm.num_tokens = 1, sm.tokens[0] = r;
+    }
+    __syncthreads();
+    n = sm.num_miss;
+    if (n > 0) {
+      for (int j = t; j < p.topk; j += kThreads) {
+        const int b = j / per, i = j - b * per;
+        if (i < s_claims[b]) sm.miss[s_off[b] + i] = __ldcg(&p.jobs[int64_t(r) * p.R + j].pos);
+      }
+      __syncthreads();
+      bool small = false;
+      assign_slots(p, r, now, sm, small);  // p.early = p.mask = 0: the default choice, no flags
+      __syncthreads();  // every map write of the block before the row rewrite / the word
+      phase_stamp(p.phase, kPhAssigned);
+    }
+    if (s_fixup) write_rows(p, r, len, sm);  // the row from the final map (writes the count too)
+    const int waiters = s_waiters;
+    if (waiters > 0) {
+      __threadfence();  // map, slot positions, stamps (and a rewritten row) before the word
+      __syncthreads();
+      if (t == 0) {
+        const uint32_t word = tg::kOneGridDone | (s_fixup ? tg::kOneGridFixup : 0u);
+        st_release_u32(words, word);
+        phase_stamp(p.phase, kPhIds);
+        while (ld_acquire_u32(words) != word + uint32_t(waiters)) __nanosleep(32);
+      }
+    }
+    if (t < G) words[tg::kOneGridRecordWord + t] = 0;
+    if (t == 0) {
+      words[0] = 0;  // every worker has arrived and every waiting one has left
+      if (!s_fixup && p.counts) p.counts[r] = s_valid;
+      *clock = now;
+    }
+  }
+  if (t == 0) {
+    const unsigned long long hits = newest ? 1 : 0;  // the workers added the hot hits
+    if (hits) atomicAdd(reinterpret_cast<unsigned long long*>(&p.ctr->hits), hits);
+    if (n) {
+      atomicAdd(reinterpret_cast<unsigned long long*>(&p.ctr->misses), (unsigned long long)n);
+      atomicAdd(reinterpret_cast<unsigned long long*>(&p.ctr->bytes), (unsigned long long)n * p.row_bytes);
+    }
+    if (errors) atomicAdd(reinterpret_cast<unsigned long long*>(&p.ctr->errors), (unsigned long long)errors);
+    if (r == 0) atomicAdd(&p.ctr->clock, 1u);  // steps resolved
+  }
+  phase_stamp(p.phase, kPhEnd);
+}
+
+__global__ void __launch_bounds__(kThreads, 1) onegrid_kernel(ResolveParams p, int G, int per) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  OneGridSmem& sm = *reinterpret_cast<OneGridSmem*>(smem_raw);
+  const int r = int(blockIdx.x) / (G + 1), b = int(blockIdx.x) % (G + 1);
+  if (b == 0) onegrid_chooser(p, sm, r, G, per);
+  else onegrid_worker(p, sm, r, b - 1, G, per);
+}
+
 // One thread per named position: a hot one loses its slot. Duplicates write the same values.
 __global__ void invalidate_kernel(const int32_t* req, const int32_t* pos, int64_t n, int R, int max_requests,
                                   int64_t max_positions, uint32_t* stamps, int32_t* slot_pos, int32_t* pos_slot) {
@@ -1518,6 +1782,41 @@ void resolve_tiered(const TieredCache& cache, const TieredResolveParams& p, void
             int64_t(blocks_per_req) * kCopyThreads >= p.topk;
   k.mask = (slot_mask_mode == 0 ? slot_mask_env() : slot_mask_mode >= 2) ? 1 : 0;
 
+  // The one-grid step (onegrid_kernel, s13) where the call's shape allows it: one token per request
+  // (req_of_token null), R <= 4608 and a grid that fits the device at once. A test or benchmark hook
+  // of the two-kernel path (copy blocks, late copy, early reads, the slot mask) keeps that path.
+  const int og_workers = tiered::onegrid_workers(p.topk);
+  if (one_grid_mode != 1 && og_workers > 0 && p.req_of_token == nullptr && p.num_reqs >= 1 &&
+      c.hot_slots <= kThreads * kItemsSmall && copy_blocks_override == 0 && !copy_late && early_read_mode == 0 &&
+      slot_mask_mode == 0 && k.mask == 0) {
+    constexpr int kSmem = int(sizeof(OneGridSmem));
+    check_cuda(cudaFuncSetAttribute(onegrid_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
+               "onegrid_kernel shared-memory attribute");
+    int per_sm = 0;
+    check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, onegrid_kernel, kThreads, kSmem),
+               "onegrid_kernel occupancy");
+    const int64_t blocks = int64_t(p.num_reqs) * (og_workers + 1);
+    if (blocks <= int64_t(per_sm) * sms) {
+      ResolveParams g = k;
+      g.early = 0, g.mask = 0, g.copy_blocks_per_req = 0;
+      g.copy_flags = reinterpret_cast<uint32_t*>(base + L.copy_flags);
+      const int per = tiered::onegrid_entries(p.topk, og_workers);
+      cudaLaunchConfig_t lc{};
+      lc.gridDim = dim3(unsigned(blocks));
+      lc.blockDim = dim3(kThreads);
+      lc.dynamicSmemBytes = size_t(kSmem);
+      lc.stream = st;
+      cudaLaunchAttribute attr{};
+      attr.id = cudaLaunchAttributeCooperative;  // the blocks wait on one another: all resident at once
+      attr.val.cooperative = 1;
+      lc.attrs = &attr;
+      lc.numAttrs = 1;
+      check_cuda(cudaLaunchKernelEx(&lc, onegrid_kernel, g, og_workers, per), "onegrid_kernel launch (cooperative)");
+      check_launch("onegrid_kernel");
+      return;
+    }
+  }
+
   // The attribute is set on every call: it belongs to the current device, and the call is cheap.
   if (c.hot_slots <= kThreads * kItemsSmall) {
     // The slot-mask mode's MaskSmem follows ResolveSmem; a default launch asks for ResolveSmem alone.
@@ -1572,6 +1871,7 @@ void resolve_tiered(const TieredCache& cache, const TieredResolveParams& p, void
 
 void set_tiered_copy_blocks_for_testing(int blocks_per_request) { copy_blocks_override = blocks_per_request; }
 void set_tiered_copy_late_for_testing(bool late) { copy_late = late; }
+void set_tiered_one_grid_for_testing(int mode) { one_grid_mode = mode; }
 void set_tiered_early_read_for_testing(int mode) { early_read_mode = mode; }
 void set_tiered_phase_buffer_for_testing(uint64_t* stamps) { phase_buffer = stamps; }
 void set_tiered_slot_mask_for_testing(int mode) { slot_mask_mode = mode; }
