@@ -1,7 +1,8 @@
 // The HiSparse resolver (smla/tiered.h states the rule; resolve_tiered_reference is its
-// definition). Two launches of a fixed shape per step (for a given num_reqs and topk), no host
-// synchronization, so a step can be captured in a CUDA graph. The one cross-block signal is a
-// flag from each resolve block to its request's copy blocks (below), which never waits the other way.
+// definition). Two launches of a fixed shape per step (for a given num_reqs and topk; one for the
+// one-grid step below), no host synchronization, so a step can be captured in a CUDA graph. In the
+// two-kernel path the one cross-block signal is a flag from each resolve block to its request's copy
+// blocks (below), which never waits the other way.
 // resolve_kernel_9 / _16 run one 512-thread block per request:
 //
 //   0. read the request's clock (the stamp word of its slot R - 1), its length and (one token per
@@ -42,6 +43,13 @@
 // second read of the positions; with misses, only the missed entries' map words are read again);
 // in an all-hit step copy_kernel's blocks read a zero count from their flag (before the resolver
 // ends) and exit at its end.
+//
+// One-grid step (s13, onegrid_kernel below; the default where the call allows it: one token per
+// request with req_of_token null, R <= 4608, and num_reqs x (1 + G) blocks resident at once, so
+// B <= 7 at K = 2048 on an H200): one cooperative launch instead of the two above. Per request, G
+// worker blocks (one per 128 entries, at most 16) classify their share of the entries, write the
+// hits' ids and start the misses' host reads at once; one chooser block waits for their arrival and
+// runs the same victim choice (assign_slots); the workers then store their rows. Same results.
 //
 // `smla bench --hisparse --phases` (set_tiered_phase_buffer_for_testing): %globaltimer stamps of
 // the resolver's phases and the copy blocks' events, off (a null pointer test) otherwise.
@@ -1470,6 +1478,7 @@ __device__ void onegrid_worker(const ResolveParams& p, OneGridSmem& sm, int r, i
   if (t == 0) {
     uint32_t v;
     while (((v = ld_acquire_u32(words)) & tg::kOneGridDone) == 0) __nanosleep(32);
+    __threadfence();
     atomicAdd(words, 1u);  // leaving: the chooser puts the word back to 0 once every waiting block has
     s_word = v;
   }
@@ -1512,6 +1521,7 @@ __device__ void onegrid_chooser(const ResolveParams& p, OneGridSmem& sm, int r, 
   namespace tg = tiered;
   __shared__ int s_off[tg::kOneGridWorkers];
   __shared__ int s_claims[tg::kOneGridWorkers];
+  __shared__ uint32_t s_rec[tg::kOneGridWorkers];
   __shared__ int s_valid, s_fixup, s_waiters;
   const int t = int(threadIdx.x);
   phase_stamp(p.phase, kPhStart);
@@ -1537,18 +1547,18 @@ __device__ void onegrid_chooser(const ResolveParams& p, OneGridSmem& sm, int r, 
   if (live) {
     if (t == 0) {
       while (ld_acquire_u32(words) < uint32_t(G)) __nanosleep(32);
+      __threadfence();  // as cooperative groups' grid sync: the block's reads below follow every arrival
     }
     __syncthreads();  // thread 0's acquire, then the block's reads of what the workers wrote
     phase_stamp(p.phase, kPhClassified);
-    if (t < G) {
-      const tg::OneGridRecord rec = tg::unpack_record(__ldcg(words + tg::kOneGridRecordWord + t));
-      s_claims[t] = rec.claims;
-    }
+    if (t < G) s_rec[t] = __ldcg(words + tg::kOneGridRecordWord + t);  // G loads in flight together
+    __syncthreads();
     if (t == 0) {
       int off = 0, nvalid = 0, waiters = 0;
       bool fixup = false;
       for (int b = 0; b < G; ++b) {
-        const tg::OneGridRecord rec = tg::unpack_record(__ldcg(words + tg::kOneGridRecordWord + b));
+        const tg::OneGridRecord rec = tg::unpack_record(s_rec[b]);
+        s_claims[b] = rec.claims;
         s_off[b] = off, off += rec.claims;
         nvalid += rec.valid, waiters += rec.waits ? 1 : 0;
         fixup |= tg::onegrid_breaks_row(rec.valid, b, G, p.topk, per);  // tg::onegrid_needs_fixup
