@@ -74,7 +74,7 @@ std::vector<int32_t> compacted(const std::vector<bool>& valid, const std::vector
 
 void check_row(const std::vector<bool>& valid, const std::vector<int32_t>& ids, const std::string& what) {
   const int K = int(valid.size());
-  std::vector<int32_t> out(size_t(K), 777);
+  std::vector<int32_t> out(static_cast<size_t>(K), 777);
   std::unique_ptr<bool[]> v(new bool[size_t(K)]);
   for (int j = 0; j < K; ++j) v[size_t(j)] = valid[size_t(j)];
   const bool fixup = tg::onegrid_ids_model(v.get(), ids.data(), K, out.data());
@@ -93,9 +93,9 @@ TEST(TieredOneGrid, SegmentsAreTheCompactedRowUnlessRewritten) {
   int rewrites = 0, kept = 0;
   for (int K : Ks)
     for (int trial = 0; trial < 40; ++trial) {
-      std::vector<bool> valid(size_t(K));
-      std::vector<int32_t> ids(size_t(K));
-      for (int j = 0; j < K; ++j) ids[size_t(j)] = int32_t(rng() % 100000);
+      std::vector<bool> valid(static_cast<size_t>(K));
+      std::vector<int32_t> ids(static_cast<size_t>(K));
+      for (int j = 0; j < K; ++j) ids[size_t(j)] = 1000 + int32_t(rng() % 100000);  // never the 777 poison
       const int kind = trial % 5;
       for (int j = 0; j < K; ++j) {
         switch (kind) {

@@ -734,6 +734,66 @@ TEST(TieredGpu, OneGridSmall) {
   run_sequence(KvFormat::kFP8DsMla, kRopeDim, 10, seed + 1202, 0, 0, sh);
 }
 
+// Device-side bad data through the one-grid step (req_of_token null, K = 8: one worker per request):
+// a token past num_reqs (no hot buffer), a length past max_positions, then a block-table hole: counted,
+// rows empty, the others resolved, the hand-off words back to 0 (memcheck covers this test).
+TEST(TieredGpu, OneGridBadData) {
+  REQUIRE_GPU();
+  TieredCacheConfig cfg;
+  cfg.format = KvFormat::kBF16, cfg.topk = 8, cfg.max_requests = 2, cfg.max_positions = 256;
+  Tiered w(cfg, fresh_seed());
+  const int K = 8;
+  std::vector<int32_t> pos(3 * K);
+  for (int i = 0; i < 3 * K; ++i) pos[size_t(i)] = i * 3;
+  int32_t* d_pos = dev_alloc<int32_t>(pos.size());
+  int32_t* d_lens = dev_alloc<int32_t>(2);
+  int32_t* d_phys = dev_alloc<int32_t>(pos.size());
+  int32_t* d_counts = dev_alloc<int32_t>(3);
+  to_dev(d_pos, pos);
+  TieredResolveParams p = w.params(true);
+  p.num_tokens = 3, p.positions = d_pos, p.pos_stride_t = K, p.topk = K, p.req_of_token = nullptr;
+  p.seq_lens = d_lens, p.phys = d_phys, p.phys_stride_t = K, p.counts = d_counts;
+  to_dev(d_lens, std::vector<int32_t>{300, 120});  // request 0: 300 > max_positions; token 2: no request 2
+  CUDA_OK(cudaMemset(d_phys, 0x11, pos.size() * 4));
+  CUDA_OK(cudaMemset(d_counts, 0x11, 3 * 4));
+  cuda::resolve_tiered(w.cache, p, nullptr);
+  CUDA_OK(cudaDeviceSynchronize());
+  TieredCounters c = cuda::read_tiered_counters(w.cache, w.d_state, nullptr);
+  EXPECT_EQ(c.errors, 2u);
+  EXPECT_EQ(c.misses, 8u);  // token 1: positions 24 .. 45, all fresh
+  EXPECT_EQ(c.clock, 1u);
+  const auto counts = to_host(d_counts, 3);
+  EXPECT_EQ(counts[0], 0);
+  EXPECT_EQ(counts[1], 8);
+  EXPECT_EQ(counts[2], 0);
+  const auto phys = to_host(d_phys, pos.size());
+  for (int j = 0; j < K; ++j) {
+    EXPECT_EQ(phys[size_t(j)], -1) << j;
+    EXPECT_EQ(phys[size_t(2 * K + j)], -1) << j;
+    EXPECT_GE(phys[size_t(K + j)], w.cache.hot_slots()) << j;  // request 1's rows
+    EXPECT_LT(phys[size_t(K + j)], 2 * w.cache.hot_slots() - 1) << j;
+  }
+  // Request 0 with a good length, its first block missing from the table: positions 0 .. 21 have no
+  // pool row (8 errors, an empty row: the chooser rewrites nothing, the one worker is the last).
+  std::vector<int32_t> holes = w.table;
+  holes[0] = -1;
+  to_dev(w.d_table, holes);
+  to_dev(d_lens, std::vector<int32_t>{100, 120});
+  p.num_tokens = 2;
+  cuda::resolve_tiered(w.cache, p, nullptr);
+  CUDA_OK(cudaDeviceSynchronize());
+  c = cuda::read_tiered_counters(w.cache, w.d_state, nullptr);
+  EXPECT_EQ(c.errors, 2u + 8u);
+  EXPECT_EQ(to_host(d_counts, 2), (std::vector<int32_t>{0, 8}));
+  EXPECT_EQ(c.misses, 8u);  // token 1's rows are hot now
+  const auto st = to_host(w.d_state, w.cache.state_bytes());
+  const auto& L = w.cache.state_layout();
+  for (size_t o = L.copy_flags; o < L.zero_end; ++o) ASSERT_EQ(st[o], 0) << "hand-off word byte " << o - L.copy_flags;
+  for (void* q : {static_cast<void*>(d_pos), static_cast<void*>(d_lens), static_cast<void*>(d_phys),
+                  static_cast<void*>(d_counts)})
+    cudaFree(q);
+}
+
 // Resolve + attention captured once; the graph replays over new positions and lengths each step.
 TEST(TieredGpu, GraphReplayAcrossSteps) {
   REQUIRE_GPU();

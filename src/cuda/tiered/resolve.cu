@@ -1433,8 +1433,8 @@ __device__ void onegrid_worker(const ResolveParams& p, OneGridSmem& sm, int r, i
     if (lane == 0) {
       if (h) atomicAdd(&sm.hits, h);
       if (e) atomicAdd(&sm.errors, e);
-      if (nw) sm.newest_used = 1;
-      if (un) sm.bad = 1;
+      if (nw) atomicExch(&sm.newest_used, 1);  // atomics: several warps may set it (racecheck-clean)
+      if (un) atomicExch(&sm.bad, 1);
     }
   }
   // The claimed misses: positions and pool rows in shared memory (sorted_miss / slot_old: unused by
