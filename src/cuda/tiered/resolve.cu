@@ -1455,16 +1455,9 @@ __device__ void onegrid_worker(const ResolveParams& p, OneGridSmem& sm, int r, i
   __syncthreads();
   const int n = sm.num_miss;
   const int pieces = p.row_bytes / 16, total = n * pieces;
-  CopyRound rd;
-#pragma unroll
-  for (int u = 0; u < kCopyRoundUnroll; ++u) {  // the first round, before any victim is known
-    const int i = t + u * kThreads;
-    if (i < total)
-      rd.v[u] = *reinterpret_cast<const uint4*>(p.pool + int64_t(sm.slot_old[i / pieces]) * p.pool_stride +
-                                                16 * (i % pieces));
-  }
-  phase_max(p.phase, kPhCopyLoads);
   const bool waits = sm.bad != 0;
+  // The arrival comes before the host loads: a fence may wait for a thread's outstanding loads, and
+  // the chooser should not wait for PCIe.
   __threadfence();  // ids, job entries, claims and exchanges of every thread before the arrival
   __syncthreads();
   if (t == 0) {
@@ -1475,6 +1468,15 @@ __device__ void onegrid_worker(const ResolveParams& p, OneGridSmem& sm, int r, i
   }
   phase_max(p.phase, kPhCopyFlag);
   if (!waits) return;
+  CopyRound rd;
+#pragma unroll
+  for (int u = 0; u < kCopyRoundUnroll; ++u) {  // the first round, before any victim is known
+    const int i = t + u * kThreads;
+    if (i < total)
+      rd.v[u] = *reinterpret_cast<const uint4*>(p.pool + int64_t(sm.slot_old[i / pieces]) * p.pool_stride +
+                                                16 * (i % pieces));
+  }
+  phase_max(p.phase, kPhCopyLoads);
   if (t == 0) {
     uint32_t v;
     while (((v = ld_acquire_u32(words)) & tg::kOneGridDone) == 0) __nanosleep(32);
