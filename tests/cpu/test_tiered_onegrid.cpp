@@ -64,6 +64,40 @@ TEST(TieredOneGrid, RecordsRoundTrip) {
   EXPECT_EQ(tg::pack_record(0, 0, 0, false, false), 0u);  // an idle record is the between-steps 0
 }
 
+// The 64-bit arrival word: the sum of up to 16 workers' arrival_word equals the field-wise totals
+// (every field at its largest included), and the chooser's done / fix-up bits and the departures
+// added after them stay out of the totals' way.
+TEST(TieredOneGrid, ArrivalWordsSumToTheTotals) {
+  std::mt19937_64 rng(7);
+  for (int trial = 0; trial < 20000; ++trial) {
+    const int g = 1 + int(rng() % tg::kOneGridWorkers);
+    const bool largest = trial % 10 == 0;  // every worker at 512 entries, all of them claims and errors
+    uint64_t sum = 0;
+    tg::OneGridTotals want;
+    for (int b = 0; b < g; ++b) {
+      const int valid = largest ? 512 : int(rng() % 513), claims = largest ? 512 : int(rng() % 513);
+      const int errors = largest ? 512 : int(rng() % 513);
+      const bool waits = largest || rng() % 2, newest = largest || rng() % 2, breaks = largest || rng() % 2;
+      sum += tg::arrival_word(valid, claims, errors, waits, newest, breaks);
+      want.arrivals += 1, want.waiters += waits, want.newest += newest, want.breaks += breaks;
+      want.valid += valid, want.claims += claims, want.errors += errors;
+    }
+    const tg::OneGridTotals got = tg::unpack_totals(sum);
+    ASSERT_EQ(got.arrivals, want.arrivals) << trial;
+    ASSERT_EQ(got.waiters, want.waiters) << trial;
+    ASSERT_EQ(got.breaks, want.breaks) << trial;
+    ASSERT_EQ(got.newest, want.newest) << trial;
+    ASSERT_EQ(got.valid, want.valid) << trial;
+    ASSERT_EQ(got.claims, want.claims) << trial;
+    ASSERT_EQ(got.errors, want.errors) << trial;
+    ASSERT_EQ(sum & (tg::kOneGridDone | tg::kOneGridFixup), 0u) << trial << ": totals reach the chooser's bits";
+    // After the chooser's word, each waiting worker adds 1: the word equals done (| fix-up) + leavers.
+    const uint64_t word = tg::kOneGridDone | (trial % 2 ? tg::kOneGridFixup : 0u);
+    ASSERT_EQ(tg::unpack_totals(word + uint64_t(want.waiters)).arrivals, want.waiters) << trial;
+    ASSERT_NE(word + uint64_t(want.waiters), uint64_t(want.waiters)) << trial;
+  }
+}
+
 std::vector<int32_t> compacted(const std::vector<bool>& valid, const std::vector<int32_t>& ids) {
   std::vector<int32_t> out;
   for (size_t j = 0; j < valid.size(); ++j)

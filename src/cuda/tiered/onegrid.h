@@ -54,12 +54,31 @@ SMLA_ONEGRID_HD OneGridRecord unpack_record(uint32_t w) {
   return r;
 }
 
-// The hand-off word ([0] of the request's area): arrivals count up to G; the chooser then stores
-// kOneGridDone (| kOneGridFixup when it rewrote the row), each waiting worker adds 1 on leaving, and
-// the chooser stores 0 once all have.
-inline constexpr uint32_t kOneGridDone = 1u << 30;
-inline constexpr uint32_t kOneGridFixup = 1u << 29;
+// The hand-off word (64 bits: words 0 and 1 of the request's area). Each worker arrives by adding
+// arrival_word(...) of its counts, so that the chooser reads the step's totals with the arrival count
+// (an all-hit step needs nothing else); the chooser then stores kOneGridDone (| kOneGridFixup when
+// it rewrote the row), each waiting worker adds 1 on leaving, and the chooser stores 0 once all have.
+// Fields (low to high): arrivals 5 bits, waiting workers 5, workers that break the row 5, workers
+// that saw the newest row 5, valid entries 14, claims 14, errors 14: sums of at most 16 workers of
+// at most 512 entries each (K <= 8192) never carry out of a field.
+inline constexpr uint64_t kOneGridDone = uint64_t(1) << 63;
+inline constexpr uint64_t kOneGridFixup = uint64_t(1) << 62;
 inline constexpr int kOneGridRecordWord = 8;  // worker b's record: word 8 + b
+
+struct OneGridTotals {
+  int arrivals = 0, waiters = 0, breaks = 0, newest = 0, valid = 0, claims = 0, errors = 0;
+};
+SMLA_ONEGRID_HD uint64_t arrival_word(int valid, int claims, int errors, bool waits, bool newest, bool breaks) {
+  return uint64_t(1) | uint64_t(waits ? 1 : 0) << 5 | uint64_t(breaks ? 1 : 0) << 10 | uint64_t(newest ? 1 : 0) << 15 |
+         uint64_t(valid) << 20 | uint64_t(claims) << 34 | uint64_t(errors) << 48;
+}
+SMLA_ONEGRID_HD OneGridTotals unpack_totals(uint64_t w) {
+  OneGridTotals t;
+  t.arrivals = int(w & 31u), t.waiters = int((w >> 5) & 31u), t.breaks = int((w >> 10) & 31u);
+  t.newest = int((w >> 15) & 31u), t.valid = int((w >> 20) & 16383u), t.claims = int((w >> 34) & 16383u);
+  t.errors = int((w >> 48) & 16383u);
+  return t;
+}
 
 // Worker b writes its valid entries' ids compacted from first(b), and -1 over the rest of its
 // range. Those segments are the row compacted in entry order exactly when every worker but the last

@@ -1370,35 +1370,36 @@ __global__ void __launch_bounds__(kCopyThreads) copy_kernel(CopyParams c) {
 // a pool row claims its position (-1 -> -2), a miss without one is an error. A block scan of the
 // entries' validity places each valid entry in the block's segment [b E, b E + count) in entry
 // order; hits and the newest row write their ids at once, the rest of the segment gets -1. The
-// claimed misses go to the job list (the block's segment of the request's list) and their first
-// round of host loads is issued. The block then stores its record (tiered::pack_record), fences,
-// and arrives on the request's hand-off word. A block with no entry left unresolved (a claim, or a
-// position another entry claimed) exits; the others wait for the chooser's word, leave (add 1),
-// write their unresolved entries' ids from the final map (unless the chooser rewrote the row) and
-// store their claimed rows to the final slots.
+// claimed misses go to the job list (the block's segment of the request's list). The block then stores its record (tiered::pack_record: its claim count for the gather), fences,
+// and arrives on the request's 64-bit hand-off word by adding its counts (tiered::arrival_word), so
+// the word holds the step's totals once all have arrived. A block with no entry left unresolved (a
+// claim, or a position another entry claimed) exits; the others issue the first round of host loads
+// of their claimed rows, wait for the chooser's word, leave (add 1), write their unresolved entries'
+// ids from the final map (unless the chooser rewrote the row) and store their rows to the final slots.
 //
-// The chooser waits for the G arrivals, reads the records, gathers the claimed positions into
+// The chooser waits for the G arrivals; an all-hit step then only writes the count, the clock and
+// the counters. With claims it reads the records, gathers the claimed positions into
 // sm.miss and runs assign_slots (the counting path up to kSmallMisses misses, the sorts above: the
 // same victims as resolve_kernel). When the workers' segments are not the compacted row (a worker
 // before the last with an invalid entry: tiered::onegrid_needs_fixup) it rewrites the whole row
 // from the final map (write_rows) before raising its word, and the workers skip their id writes.
 // It then writes the count, the clock and the counters, and puts the hand-off words back to 0.
-// The hand-off words are the state's copy_flags of the request (word 0, words 8 .. 8 + G - 1),
+// The hand-off words are the state's copy_flags of the request (words 0 and 1, words 8 .. 8 + G - 1),
 // which copy_kernel also expects to be 0 between steps.
-__device__ __forceinline__ uint32_t ld_acquire_u32(const uint32_t* p) {
-  uint32_t v;
-  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+__device__ __forceinline__ uint64_t ld_acquire_u64(const unsigned long long* p) {
+  uint64_t v;
+  asm volatile("ld.acquire.gpu.global.b64 %0, [%1];\n" : "=l"(v) : "l"(p) : "memory");
   return v;
 }
-__device__ __forceinline__ void st_release_u32(uint32_t* p, uint32_t v) {
-  asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+__device__ __forceinline__ void st_release_u64(unsigned long long* p, uint64_t v) {
+  asm volatile("st.release.gpu.global.b64 [%0], %1;\n" ::"l"(p), "l"(v) : "memory");
 }
 
 using OneGridSmem = ResolveSmem<kItemsSmall>;
 
 __device__ void onegrid_worker(const ResolveParams& p, OneGridSmem& sm, int r, int b, int G, int per) {
   namespace tg = tiered;
-  __shared__ uint32_t s_word;
+  __shared__ uint64_t s_word;
   const int t = int(threadIdx.x), lane = t & 31;
   phase_max(p.phase, kPhCopyStart);
   if (r >= p.num_tokens) return;  // no token for this request: nothing to resolve (the chooser agrees)
@@ -1460,11 +1461,14 @@ __device__ void onegrid_worker(const ResolveParams& p, OneGridSmem& sm, int r, i
   // the chooser should not wait for PCIe.
   __threadfence();  // ids, job entries, claims and exchanges of every thread before the arrival
   __syncthreads();
+  auto* hand = reinterpret_cast<unsigned long long*>(words);  // the 64-bit hand-off word (words 0, 1)
   if (t == 0) {
-    words[tg::kOneGridRecordWord + b] = tg::pack_record(nvalid, n, int(sm.errors), waits, sm.newest_used != 0);
+    const bool newest = sm.newest_used != 0;
+    words[tg::kOneGridRecordWord + b] = tg::pack_record(nvalid, n, int(sm.errors), waits, newest);
     if (sm.hits) atomicAdd(reinterpret_cast<unsigned long long*>(&p.ctr->hits), (unsigned long long)sm.hits);
     __threadfence();
-    atomicAdd(words, 1u);
+    atomicAdd(hand, (unsigned long long)tg::arrival_word(nvalid, n, int(sm.errors), waits, newest,
+                                                         tg::onegrid_breaks_row(nvalid, b, G, p.topk, per)));
   }
   phase_max(p.phase, kPhCopyFlag);
   if (!waits) return;
@@ -1478,10 +1482,10 @@ __device__ void onegrid_worker(const ResolveParams& p, OneGridSmem& sm, int r, i
   }
   phase_max(p.phase, kPhCopyLoads);
   if (t == 0) {
-    uint32_t v;
-    while (((v = ld_acquire_u32(words)) & tg::kOneGridDone) == 0) __nanosleep(32);
+    uint64_t v;
+    while (((v = ld_acquire_u64(hand)) & tg::kOneGridDone) == 0) __nanosleep(32);
     __threadfence();
-    atomicAdd(words, 1u);  // leaving: the chooser puts the word back to 0 once every waiting block has
+    atomicAdd(hand, 1ull);  // leaving: the chooser puts the word back to 0 once every waiting block has
     s_word = v;
   }
   __syncthreads();  // thread 0's acquire, then the block's reads of the final map
@@ -1523,12 +1527,12 @@ __device__ void onegrid_chooser(const ResolveParams& p, OneGridSmem& sm, int r, 
   namespace tg = tiered;
   __shared__ int s_off[tg::kOneGridWorkers];
   __shared__ int s_claims[tg::kOneGridWorkers];
-  __shared__ uint32_t s_rec[tg::kOneGridWorkers];
-  __shared__ int s_valid, s_fixup, s_waiters;
+  __shared__ uint64_t s_tot;
   const int t = int(threadIdx.x);
   phase_stamp(p.phase, kPhStart);
   uint32_t* clock = p.stamps + int64_t(r) * p.R + (p.R - 1);
   uint32_t* words = p.copy_flags + int64_t(r) * kTieredCopyFlags;
+  auto* hand = reinterpret_cast<unsigned long long*>(words);  // the 64-bit hand-off word (words 0, 1)
   const uint32_t now = __ldcg(clock) + 1;  // through L2: the chooser's L1 holds no line of the stamps
   const bool has_token = r < p.num_tokens;
   const int32_t len = has_token ? p.seq_lens[r] : 0;
@@ -1548,31 +1552,27 @@ __device__ void onegrid_chooser(const ResolveParams& p, OneGridSmem& sm, int r, 
   bool newest = false;
   if (live) {
     if (t == 0) {
-      while (ld_acquire_u32(words) < uint32_t(G)) __nanosleep(32);
+      uint64_t v;
+      while (tg::unpack_totals(v = ld_acquire_u64(hand)).arrivals < G) __nanosleep(32);
       __threadfence();  // as cooperative groups' grid sync: the block's reads below follow every arrival
+      s_tot = v;
     }
     __syncthreads();  // thread 0's acquire, then the block's reads of what the workers wrote
     phase_stamp(p.phase, kPhClassified);
-    if (t < G) s_rec[t] = __ldcg(words + tg::kOneGridRecordWord + t);  // G loads in flight together
-    __syncthreads();
-    if (t == 0) {
-      int off = 0, nvalid = 0, waiters = 0;
-      bool fixup = false;
-      for (int b = 0; b < G; ++b) {
-        const tg::OneGridRecord rec = tg::unpack_record(s_rec[b]);
-        s_claims[b] = rec.claims;
-        s_off[b] = off, off += rec.claims;
-        nvalid += rec.valid, waiters += rec.waits ? 1 : 0;
-        fixup |= tg::onegrid_breaks_row(rec.valid, b, G, p.topk, per);  // tg::onegrid_needs_fixup
-        errors += unsigned(rec.errors);
-        newest |= rec.newest;
-      }
-      sm.num_miss = off, s_valid = nvalid, s_waiters = waiters, s_fixup = fixup ? 1 : 0;
-      sm.num_tokens = 1, sm.tokens[0] = r;
-    }
-    __syncthreads();
-    n = sm.num_miss;
+    // The step's totals came with the arrivals: an all-hit step reads nothing more.
+    const tg::OneGridTotals tot = tg::unpack_totals(s_tot);
+    n = tot.claims, newest = tot.newest > 0;
+    const bool fixup = tot.breaks > 0;  // tg::onegrid_needs_fixup
+    if (t == 0) errors += unsigned(tot.errors);
     if (n > 0) {
+      if (t < G) s_claims[t] = tg::unpack_record(__ldcg(words + tg::kOneGridRecordWord + t)).claims;
+      __syncthreads();
+      if (t == 0) {
+        int off = 0;
+        for (int b = 0; b < G; ++b) s_off[b] = off, off += s_claims[b];
+        sm.num_miss = off;  // == n
+      }
+      __syncthreads();
       for (int j = t; j < p.topk; j += kThreads) {
         const int b = j / per, i = j - b * per;
         if (i < s_claims[b]) sm.miss[s_off[b] + i] = __ldcg(&p.jobs[int64_t(r) * p.R + j].pos);
@@ -1583,22 +1583,25 @@ __device__ void onegrid_chooser(const ResolveParams& p, OneGridSmem& sm, int r, 
       __syncthreads();  // every map write of the block before the row rewrite / the word
       phase_stamp(p.phase, kPhAssigned);
     }
-    if (s_fixup) write_rows(p, r, len, sm);  // the row from the final map (writes the count too)
-    const int waiters = s_waiters;
-    if (waiters > 0) {
+    if (fixup) {  // the row from the final map (writes the count too)
+      if (t == 0) sm.num_tokens = 1, sm.tokens[0] = r;
+      __syncthreads();
+      write_rows(p, r, len, sm);
+    }
+    if (tot.waiters > 0) {
       __threadfence();  // map, slot positions, stamps (and a rewritten row) before the word
       __syncthreads();
       if (t == 0) {
-        const uint32_t word = tg::kOneGridDone | (s_fixup ? tg::kOneGridFixup : 0u);
-        st_release_u32(words, word);
+        const uint64_t word = tg::kOneGridDone | (fixup ? tg::kOneGridFixup : 0u);
+        st_release_u64(hand, word);
         phase_stamp(p.phase, kPhIds);
-        while (ld_acquire_u32(words) != word + uint32_t(waiters)) __nanosleep(32);
+        while (ld_acquire_u64(hand) != word + uint64_t(tot.waiters)) __nanosleep(32);
       }
     }
-    if (t < G) words[tg::kOneGridRecordWord + t] = 0;
+    if (t < G) words[tg::kOneGridRecordWord + t] = 0;  // (with claims, thread t read it before two barriers)
     if (t == 0) {
-      words[0] = 0;  // every worker has arrived and every waiting one has left
-      if (!s_fixup && p.counts) p.counts[r] = s_valid;
+      *hand = 0ull;  // every worker has arrived and every waiting one has left
+      if (!fixup && p.counts) p.counts[r] = tot.valid;
       *clock = now;
     }
   }
