@@ -1458,8 +1458,9 @@ __device__ void onegrid_worker(const ResolveParams& p, OneGridSmem& sm, int r, i
   const int pieces = p.row_bytes / 16, total = n * pieces;
   const bool waits = sm.bad != 0;
   // The arrival comes before the host loads: a fence may wait for a thread's outstanding loads, and
-  // the chooser should not wait for PCIe.
-  __threadfence();  // ids, job entries, claims and exchanges of every thread before the arrival
+  // the chooser should not wait for PCIe. As in cooperative groups' grid sync, the block barrier and
+  // thread 0's fence (cumulative) order every thread's ids, job entries, claims and exchanges before
+  // the arrival.
   __syncthreads();
   auto* hand = reinterpret_cast<unsigned long long*>(words);  // the 64-bit hand-off word (words 0, 1)
   if (t == 0) {
@@ -1589,10 +1590,10 @@ __device__ void onegrid_chooser(const ResolveParams& p, OneGridSmem& sm, int r, 
       write_rows(p, r, len, sm);
     }
     if (tot.waiters > 0) {
-      __threadfence();  // map, slot positions, stamps (and a rewritten row) before the word
-      __syncthreads();
-      if (t == 0) {
+      __syncthreads();  // map, slot positions, stamps (and a rewritten row) of every thread, then
+      if (t == 0) {     // thread 0's fence (cumulative) and the word
         const uint64_t word = tg::kOneGridDone | (fixup ? tg::kOneGridFixup : 0u);
+        __threadfence();
         st_release_u64(hand, word);
         phase_stamp(p.phase, kPhIds);
         while (ld_acquire_u64(hand) != word + uint64_t(tot.waiters)) __nanosleep(32);
