@@ -5,6 +5,8 @@
 
 #include <cstdint>
 
+#include "smla/tiered.h"
+
 namespace smla::cuda {
 
 // dst row i <- src row rows[i] for i < n (rows: device [n] int32). Every stride and row_bytes a
@@ -21,6 +23,9 @@ void set_tiered_copy_blocks_for_testing(int blocks_per_request);
 // calls in this process: 0 = wherever the call's shape allows it (the default), 1 = never (the
 // two-kernel path: resolve_kernel + copy_kernel). Results are the same either way.
 void set_tiered_one_grid_for_testing(int mode);
+// Whether a resolve_tiered call of this shape (num_reqs, topk, req_of_token null or not) on the
+// current device takes the one-grid step now (the benchmark prints it).
+bool tiered_one_grid_taken(const TieredCache& cache, int num_reqs, int topk, bool req_of_token_null);
 // Tests and `smla bench --hisparse --late-copy` only: the copy blocks issue no host load before the
 // resolver's end (session 9's schedule, for an A/B in one run); results are the same.
 void set_tiered_copy_late_for_testing(bool late);

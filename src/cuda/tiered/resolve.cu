@@ -1733,6 +1733,28 @@ void invalidate_tiered_positions(const TieredCache& cache, void* state, size_t s
   check_launch("invalidate_kernel");
 }
 
+// The one-grid step's workers per request for a call of this shape (0: the two-kernel path): one
+// token per request with req_of_token null, R <= 4608, 1 <= K <= 8192, no hook of the two-kernel
+// path set (copy blocks, late copy, early reads, the slot mask), and num_reqs x (1 + G) blocks
+// resident at once on the current device (the cooperative launch's condition).
+static int one_grid_workers(const TieredCache& cache, int num_reqs, int topk, bool req_of_token_null) {
+  const int g = tiered::onegrid_workers(topk);
+  if (one_grid_mode == 1 || g == 0 || !req_of_token_null || num_reqs < 1 ||
+      cache.config().hot_slots > kThreads * kItemsSmall || copy_blocks_override != 0 || copy_late ||
+      early_read_mode != 0 || slot_mask_mode != 0 || slot_mask_env())
+    return 0;
+  constexpr int kSmem = int(sizeof(OneGridSmem));
+  // The attribute is set on every call: it belongs to the current device, and the call is cheap.
+  check_cuda(cudaFuncSetAttribute(onegrid_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
+             "onegrid_kernel shared-memory attribute");
+  int dev = 0, sms = 0, per_sm = 0;
+  check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
+  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
+  check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, onegrid_kernel, kThreads, kSmem),
+             "onegrid_kernel occupancy");
+  return int64_t(num_reqs) * (g + 1) <= int64_t(per_sm) * sms ? g : 0;
+}
+
 void resolve_tiered(const TieredCache& cache, const TieredResolveParams& p, void* stream) {
   cache.check(p);
   check_cuda_limits(cache);
@@ -1801,36 +1823,26 @@ void resolve_tiered(const TieredCache& cache, const TieredResolveParams& p, void
   // The one-grid step (onegrid_kernel, s13) where the call's shape allows it: one token per request
   // (req_of_token null), R <= 4608 and a grid that fits the device at once. A test or benchmark hook
   // of the two-kernel path (copy blocks, late copy, early reads, the slot mask) keeps that path.
-  const int og_workers = tiered::onegrid_workers(p.topk);
-  if (one_grid_mode != 1 && og_workers > 0 && p.req_of_token == nullptr && p.num_reqs >= 1 &&
-      c.hot_slots <= kThreads * kItemsSmall && copy_blocks_override == 0 && !copy_late && early_read_mode == 0 &&
-      slot_mask_mode == 0 && k.mask == 0) {
-    constexpr int kSmem = int(sizeof(OneGridSmem));
-    check_cuda(cudaFuncSetAttribute(onegrid_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
-               "onegrid_kernel shared-memory attribute");
-    int per_sm = 0;
-    check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, onegrid_kernel, kThreads, kSmem),
-               "onegrid_kernel occupancy");
+  const int og_workers = one_grid_workers(cache, p.num_reqs, p.topk, p.req_of_token == nullptr);
+  if (og_workers > 0) {
     const int64_t blocks = int64_t(p.num_reqs) * (og_workers + 1);
-    if (blocks <= int64_t(per_sm) * sms) {
-      ResolveParams g = k;
-      g.early = 0, g.mask = 0, g.copy_blocks_per_req = 0;
-      g.copy_flags = reinterpret_cast<uint32_t*>(base + L.copy_flags);
-      const int per = tiered::onegrid_entries(p.topk, og_workers);
-      cudaLaunchConfig_t lc{};
-      lc.gridDim = dim3(unsigned(blocks));
-      lc.blockDim = dim3(kThreads);
-      lc.dynamicSmemBytes = size_t(kSmem);
-      lc.stream = st;
-      cudaLaunchAttribute attr{};
-      attr.id = cudaLaunchAttributeCooperative;  // the blocks wait on one another: all resident at once
-      attr.val.cooperative = 1;
-      lc.attrs = &attr;
-      lc.numAttrs = 1;
-      check_cuda(cudaLaunchKernelEx(&lc, onegrid_kernel, g, og_workers, per), "onegrid_kernel launch (cooperative)");
-      check_launch("onegrid_kernel");
-      return;
-    }
+    ResolveParams g = k;
+    g.early = 0, g.mask = 0, g.copy_blocks_per_req = 0;
+    g.copy_flags = reinterpret_cast<uint32_t*>(base + L.copy_flags);
+    const int per = tiered::onegrid_entries(p.topk, og_workers);
+    cudaLaunchConfig_t lc{};
+    lc.gridDim = dim3(unsigned(blocks));
+    lc.blockDim = dim3(kThreads);
+    lc.dynamicSmemBytes = sizeof(OneGridSmem);
+    lc.stream = st;
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeCooperative;  // the blocks wait on one another: all resident at once
+    attr.val.cooperative = 1;
+    lc.attrs = &attr;
+    lc.numAttrs = 1;
+    check_cuda(cudaLaunchKernelEx(&lc, onegrid_kernel, g, og_workers, per), "onegrid_kernel launch (cooperative)");
+    check_launch("onegrid_kernel");
+    return;
   }
 
   // The attribute is set on every call: it belongs to the current device, and the call is cheap.
@@ -1888,6 +1900,9 @@ void resolve_tiered(const TieredCache& cache, const TieredResolveParams& p, void
 void set_tiered_copy_blocks_for_testing(int blocks_per_request) { copy_blocks_override = blocks_per_request; }
 void set_tiered_copy_late_for_testing(bool late) { copy_late = late; }
 void set_tiered_one_grid_for_testing(int mode) { one_grid_mode = mode; }
+bool tiered_one_grid_taken(const TieredCache& cache, int num_reqs, int topk, bool req_of_token_null) {
+  return one_grid_workers(cache, num_reqs, topk, req_of_token_null) > 0;
+}
 void set_tiered_early_read_for_testing(int mode) { early_read_mode = mode; }
 void set_tiered_phase_buffer_for_testing(uint64_t* stamps) { phase_buffer = stamps; }
 void set_tiered_slot_mask_for_testing(int mode) { slot_mask_mode = mode; }
