@@ -615,6 +615,14 @@ struct OneGridOverride {
   ~OneGridOverride() { cuda::set_tiered_one_grid_for_testing(0); }
 };
 
+// Whether a shape's steps take the one-grid step (so that a test of it cannot pass on the other path).
+bool one_grid_taken(const Shape& sh, int hot_slots) {
+  TieredCacheConfig cfg;
+  cfg.format = KvFormat::kFP8DsMla, cfg.topk = sh.K, cfg.max_requests = sh.reqs, cfg.max_tokens_per_request = sh.tpr;
+  cfg.hot_slots = hot_slots, cfg.max_positions = sh.max_positions;
+  return cuda::tiered_one_grid_taken(TieredCache(cfg), sh.reqs, sh.K, sh.null_req_of);
+}
+
 TEST(TieredGpu, OneGridMatches) {
   REQUIRE_GPU();
   const uint64_t seed = fresh_seed();
@@ -632,6 +640,18 @@ TEST(TieredGpu, OneGridMatches) {
   for (int mode : {0, 1}) {
     SCOPED_TRACE(mode == 0 ? "one grid" : "two kernels");
     OneGridOverride o(mode);
+    for (const Shape& sh : {one, seven, k100, k129, k300}) EXPECT_EQ(one_grid_taken(sh, 0), mode == 0) << sh.K;
+    EXPECT_EQ(one_grid_taken(one, 2049), mode == 0);
+    EXPECT_EQ(one_grid_taken(k100, 101), mode == 0);
+    {
+      Shape many = one;
+      many.reqs = 32;  // 32 x 17 blocks do not fit at once: the two-kernel path
+      EXPECT_FALSE(one_grid_taken(many, 0));
+      Shape mapped = one;
+      mapped.null_req_of = false;  // a request map: the two-kernel path
+      EXPECT_FALSE(one_grid_taken(mapped, 0));
+      EXPECT_FALSE(one_grid_taken(one, 4800));  // R > 4608
+    }
     run_sequence(KvFormat::kFP8DsMla, kRopeDim, 12, seed + 1000 + uint64_t(mode), 0, 0, one);
     run_sequence(KvFormat::kBF16, kRopeDim, 8, seed + 1010 + uint64_t(mode), 0, 0, one);
     run_sequence(KvFormat::kFP8DsMla, kRopeDim, 10, seed + 1020 + uint64_t(mode), 0, 0, seven);
@@ -713,6 +733,7 @@ TEST(TieredGpu, OneGridScriptedSteps) {
       Shape sh;
       sh.K = 2048, sh.reqs = 1, sh.tpr = 1, sh.max_positions = 16384, sh.null_req_of = true;
       sh.script = [&](int step) { return scripted_step(step, 2048, 16000, prev, rng); };
+      ASSERT_TRUE(one_grid_taken(sh, hot_slots));
       run_sequence(f, kRopeDim, 10, seed + 1100, hot_slots, 0, sh);
     }
 }
@@ -725,6 +746,7 @@ TEST(TieredGpu, OneGridSmall) {
   SCOPED_TRACE("seed " + std::to_string(seed));
   Shape small;
   small.K = 300, small.reqs = 3, small.tpr = 1, small.max_positions = 2000, small.null_req_of = true;
+  ASSERT_TRUE(one_grid_taken(small, 0));
   run_sequence(KvFormat::kFP8DsMla, kRopeDim, 6, seed + 1200, 0, 0, small);
   std::mt19937_64 rng(seed + 1201);
   std::vector<int32_t> prev;
@@ -743,6 +765,7 @@ TEST(TieredGpu, OneGridBadData) {
   cfg.format = KvFormat::kBF16, cfg.topk = 8, cfg.max_requests = 2, cfg.max_positions = 256;
   Tiered w(cfg, fresh_seed());
   const int K = 8;
+  ASSERT_TRUE(cuda::tiered_one_grid_taken(w.cache, 2, K, true));
   std::vector<int32_t> pos(3 * K);
   for (int i = 0; i < 3 * K; ++i) pos[size_t(i)] = i * 3;
   int32_t* d_pos = dev_alloc<int32_t>(pos.size());
@@ -803,6 +826,7 @@ TEST(TieredGpu, GraphReplayAcrossSteps) {
   TieredCacheConfig cfg;
   cfg.format = KvFormat::kFP8DsMla, cfg.topk = K, cfg.max_requests = reqs, cfg.max_positions = 20000;
   Tiered w(cfg, seed);
+  EXPECT_TRUE(cuda::tiered_one_grid_taken(w.cache, reqs, K, true)) << "the graph captures the one-grid launch";
   std::mt19937_64 rng(seed + 1);
   StepMaker mk(K, reqs, 1, rng, int32_t(cfg.max_positions));
   Attention att(cfg.format, kRopeDim, K, reqs, rng);
