@@ -1747,8 +1747,10 @@ static int one_grid_workers(const TieredCache& cache, int num_reqs, int topk, bo
   // The attribute is set on every call: it belongs to the current device, and the call is cheap.
   check_cuda(cudaFuncSetAttribute(onegrid_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
              "onegrid_kernel shared-memory attribute");
-  int dev = 0, sms = 0, per_sm = 0;
+  int dev = 0, sms = 0, per_sm = 0, coop = 0;
   check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
+  check_cuda(cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, dev), "cudaDeviceGetAttribute");
+  if (coop == 0) return 0;
   check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
   check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, onegrid_kernel, kThreads, kSmem),
              "onegrid_kernel occupancy");
