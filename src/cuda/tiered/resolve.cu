@@ -48,7 +48,7 @@
 // request with req_of_token null, R <= 4608, and num_reqs x (1 + G) blocks resident at once, so
 // B <= 7 at K = 2048 on an H200): one cooperative launch instead of the two above. Per request, G
 // worker blocks (one per 128 entries, at most 16) classify their share of the entries, write the
-// hits' ids and start the misses' host reads at once; one chooser block waits for their arrival and
+// hits' ids, arrive and start the misses' host reads; one chooser block waits for their arrival and
 // runs the same victim choice (assign_slots); the workers then store their rows. Same results.
 //
 // `smla bench --hisparse --phases` (set_tiered_phase_buffer_for_testing): %globaltimer stamps of
