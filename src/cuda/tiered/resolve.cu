@@ -1842,9 +1842,15 @@ void resolve_tiered(const TieredCache& cache, const TieredResolveParams& p, void
     attr.val.cooperative = 1;
     lc.attrs = &attr;
     lc.numAttrs = 1;
-    check_cuda(cudaLaunchKernelEx(&lc, onegrid_kernel, g, og_workers, per), "onegrid_kernel launch (cooperative)");
-    check_launch("onegrid_kernel");
-    return;
+    const cudaError_t e = cudaLaunchKernelEx(&lc, onegrid_kernel, g, og_workers, per);
+    if (e != cudaErrorCooperativeLaunchTooLarge) {
+      check_cuda(e, "onegrid_kernel launch (cooperative)");
+      check_launch("onegrid_kernel");
+      return;
+    }
+    // The device cannot hold the grid at once now (another context holds SMs): nothing was launched;
+    // the two-kernel path below resolves the step instead.
+    (void)cudaGetLastError();
   }
 
   // The attribute is set on every call: it belongs to the current device, and the call is cheap.
