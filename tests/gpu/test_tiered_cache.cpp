@@ -12,6 +12,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -310,6 +312,7 @@ struct Shape {
   int K = 100, reqs = 6, tpr = 2;
   int64_t max_positions = 700;
   bool null_req_of = false;  // one token per request, every step, and req_of_token null on the GPU
+  std::function<Step(int)> script;  // when set: step i's positions, request map and lengths (no StepMaker)
 };
 
 // Runs `steps` decode steps for one format and checks resolution and attention each step.
@@ -345,7 +348,7 @@ void run_sequence(KvFormat f, int rope_dim, int steps, uint64_t seed, int hot_sl
   const char* fmt = to_string(f).data();
   for (int step = 0; step < steps; ++step) {
     const double reuse = std::vector<double>{0.0, 0.5, 0.9, 1.0}[size_t(step % 4)];
-    const Step s = mk.next(rng, reuse, int32_t(cfg.max_positions));
+    const Step s = shape.script ? shape.script(step) : mk.next(rng, reuse, int32_t(cfg.max_positions));
     if (step == 6 && reqs > 2) {  // request 2's hot buffer starts over (a finished request's slot reused)
       release_tiered_request(w.cache, w.state.data(), w.state.size(), 2);
       cuda::release_tiered_request(w.cache, w.d_state, w.cache.state_bytes(), 2, nullptr);
@@ -540,6 +543,225 @@ TEST(TieredGpu, EarlyReadSmall) {
   }
 }
 
+// The one-grid step (resolve.cu's onegrid_kernel, s13: one cooperative grid per step, a chooser and
+// up to 16 classify-and-copy workers per request), the default for one token per request with
+// req_of_token null, R <= 4608 and a grid that fits the device at once. Shapes: one request of
+// K = 2048 (16 workers of 128 entries; steps cycling 0 / 50 / 90 / 100 % reuse: up to ~2000 misses,
+// the sorts and the counting choice, evictions), 7 requests of K = 2048 (119 blocks, one per SM;
+// a release at step 6 and an invalidation at step 9), K = 100 / 129 / 300 (one, two and three
+// workers, the last one short), a clock past 2^18 (the chooser's 64-bit sorts), R = K + 1 (every miss
+// evicts); the step maker's invalid entries, empty rows and duplicates make the chooser rewrite rows
+// (a worker before the last with an invalid entry) and workers wait for positions others claimed.
+// Every step equals the CPU reference (map, slot positions, stamps, hand-off words back to 0, ids,
+// counts, counters, hot rows) and the attention over the hot buffer is bit-identical to the resident
+// cache. The same shapes with the one-grid path off (the two-kernel path) last.
+struct OneGridOverride {
+  explicit OneGridOverride(int mode) { cuda::set_tiered_one_grid_for_testing(mode); }
+  ~OneGridOverride() { cuda::set_tiered_one_grid_for_testing(0); }
+};
+
+// Whether a shape's steps take the one-grid step (so that a test of it cannot pass on the other path).
+bool one_grid_taken(const Shape& sh, int hot_slots) {
+  TieredCacheConfig cfg;
+  cfg.format = KvFormat::kFP8DsMla, cfg.topk = sh.K, cfg.max_requests = sh.reqs, cfg.max_tokens_per_request = sh.tpr;
+  cfg.hot_slots = hot_slots, cfg.max_positions = sh.max_positions;
+  return cuda::tiered_one_grid_taken(TieredCache(cfg), sh.reqs, sh.K, sh.null_req_of);
+}
+
+TEST(TieredGpu, OneGridMatches) {
+  REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  Shape one;
+  one.K = 2048, one.reqs = 1, one.tpr = 1, one.max_positions = 16384, one.null_req_of = true;
+  Shape seven = one;
+  seven.reqs = 7;
+  Shape k100;
+  k100.K = 100, k100.reqs = 6, k100.tpr = 1, k100.max_positions = 700, k100.null_req_of = true;
+  Shape k129 = k100;
+  k129.K = 129, k129.reqs = 4;
+  Shape k300 = k100;
+  k300.K = 300, k300.reqs = 5, k300.max_positions = 2000;
+  for (int mode : {0, 1}) {
+    SCOPED_TRACE(mode == 0 ? "one grid" : "two kernels");
+    OneGridOverride o(mode);
+    for (const Shape& sh : {one, seven, k100, k129, k300}) EXPECT_EQ(one_grid_taken(sh, 0), mode == 0) << sh.K;
+    EXPECT_EQ(one_grid_taken(one, 2049), mode == 0);
+    EXPECT_EQ(one_grid_taken(k100, 101), mode == 0);
+    {
+      Shape many = one;
+      many.reqs = 32;  // 32 x 17 blocks do not fit at once: the two-kernel path
+      EXPECT_FALSE(one_grid_taken(many, 0));
+      Shape mapped = one;
+      mapped.null_req_of = false;  // a request map: the two-kernel path
+      EXPECT_FALSE(one_grid_taken(mapped, 0));
+      EXPECT_FALSE(one_grid_taken(one, 4800));  // R > 4608
+    }
+    run_sequence(KvFormat::kFP8DsMla, kRopeDim, 12, seed + 1000 + uint64_t(mode), 0, 0, one);
+    run_sequence(KvFormat::kBF16, kRopeDim, 8, seed + 1010 + uint64_t(mode), 0, 0, one);
+    run_sequence(KvFormat::kFP8DsMla, kRopeDim, 10, seed + 1020 + uint64_t(mode), 0, 0, seven);
+    run_sequence(KvFormat::kNvFP4DsMla, kRopeDim, 8, seed + 1030 + uint64_t(mode), 0, 0, k100);
+    run_sequence(KvFormat::kFP16, kRopeDim, 6, seed + 1040 + uint64_t(mode), 0, 0, k129);
+    run_sequence(KvFormat::kBF16, kRopeDim, 10, seed + 1050 + uint64_t(mode), 0, 0, k300);
+    run_sequence(KvFormat::kFP8DsMla, kRopeDim, 6, seed + 1060 + uint64_t(mode), 0, (1u << 20) + 5, one);
+    run_sequence(KvFormat::kFP8DsMla, kRopeDim, 8, seed + 1070 + uint64_t(mode), 2049, 0, one);  // R = K + 1
+    run_sequence(KvFormat::kFP8E4M3, kRopeDim, 8, seed + 1080 + uint64_t(mode), 101, 0, k100);   // R = K + 1
+  }
+}
+
+// Scripted steps of one request, K = 2048, length 16000, through the one-grid step: all 2048 miss;
+// the same positions again (every entry a hit, no miss); one position replaced (exactly one miss);
+// the newest row with the rest; one valid entry in an empty row (the chooser rewrites the row);
+// every entry the same missing position (one claim, sixteen workers waiting for its slot); 2048
+// fresh positions (evictions); 90 % of them again with 205 fresh; all of those again (all hit);
+// the same with every 97th entry invalid (all hit, rewritten row). With the default R = 4224 and
+// with R = K + 1 = 2049 (every miss evicts). Each step against the CPU reference and the resident
+// attention, as in run_sequence.
+Step scripted_step(int step, int K, int32_t len, std::vector<int32_t>& prev, std::mt19937_64& rng) {
+  Step s;
+  s.lens = {len};
+  s.req_of = {0};
+  std::vector<int32_t> pos(static_cast<size_t>(K));
+  switch (step) {
+    case 0:
+    case 1:
+      std::iota(pos.begin(), pos.end(), 0);
+      std::shuffle(pos.begin(), pos.end(), rng);
+      break;
+    case 2:
+      pos = prev, pos[size_t(rng() % uint64_t(K))] = 5000;
+      break;
+    case 3:
+      std::iota(pos.begin(), pos.end(), 1), pos[size_t(K - 1)] = len - 1;
+      std::shuffle(pos.begin(), pos.end(), rng);
+      break;
+    case 4:
+      std::fill(pos.begin(), pos.end(), -1), pos[1500] = 7;
+      break;
+    case 5:
+      std::fill(pos.begin(), pos.end(), 9000);
+      break;
+    case 6:
+      std::iota(pos.begin(), pos.end(), 6000);
+      std::shuffle(pos.begin(), pos.end(), rng);
+      break;
+    case 7: {
+      pos = prev;
+      std::shuffle(pos.begin(), pos.end(), rng);
+      for (int j = 0; j < 205; ++j) pos[size_t(j)] = 10000 + j;
+      std::shuffle(pos.begin(), pos.end(), rng);
+      break;
+    }
+    case 8:
+      pos = prev;
+      std::shuffle(pos.begin(), pos.end(), rng);
+      break;
+    default:
+      pos = prev;
+      for (int j = 0; j < K; j += 97) pos[size_t(j)] = -1;
+      break;
+  }
+  prev = pos;
+  s.pos = pos;
+  return s;
+}
+
+TEST(TieredGpu, OneGridScriptedSteps) {
+  REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  for (int hot_slots : {0, 2049})
+    for (KvFormat f : {KvFormat::kFP8DsMla, KvFormat::kBF16}) {
+      SCOPED_TRACE("R " + std::to_string(hot_slots) + " " + std::string(to_string(f)));
+      std::mt19937_64 rng(seed + uint64_t(hot_slots) + uint64_t(f));
+      std::vector<int32_t> prev;
+      Shape sh;
+      sh.K = 2048, sh.reqs = 1, sh.tpr = 1, sh.max_positions = 16384, sh.null_req_of = true;
+      sh.script = [&](int step) { return scripted_step(step, 2048, 16000, prev, rng); };
+      ASSERT_TRUE(one_grid_taken(sh, hot_slots));
+      run_sequence(f, kRopeDim, 10, seed + 1100, hot_slots, 0, sh);
+    }
+}
+
+// A small one-grid case for compute-sanitizer (memcheck): 3 requests, K = 300 (three workers), and
+// one request of K = 2048 with the scripted steps above.
+TEST(TieredGpu, OneGridSmall) {
+  REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  Shape small;
+  small.K = 300, small.reqs = 3, small.tpr = 1, small.max_positions = 2000, small.null_req_of = true;
+  ASSERT_TRUE(one_grid_taken(small, 0));
+  run_sequence(KvFormat::kFP8DsMla, kRopeDim, 6, seed + 1200, 0, 0, small);
+  std::mt19937_64 rng(seed + 1201);
+  std::vector<int32_t> prev;
+  Shape sh;
+  sh.K = 2048, sh.reqs = 1, sh.tpr = 1, sh.max_positions = 16384, sh.null_req_of = true;
+  sh.script = [&](int step) { return scripted_step(step, 2048, 16000, prev, rng); };
+  run_sequence(KvFormat::kFP8DsMla, kRopeDim, 10, seed + 1202, 0, 0, sh);
+}
+
+// Device-side bad data through the one-grid step (req_of_token null, K = 8: one worker per request):
+// a token past num_reqs (no hot buffer), a length past max_positions, then a block-table hole: counted,
+// rows empty, the others resolved, the hand-off words back to 0 (memcheck covers this test).
+TEST(TieredGpu, OneGridBadData) {
+  REQUIRE_GPU();
+  TieredCacheConfig cfg;
+  cfg.format = KvFormat::kBF16, cfg.topk = 8, cfg.max_requests = 2, cfg.max_positions = 256;
+  Tiered w(cfg, fresh_seed());
+  const int K = 8;
+  ASSERT_TRUE(cuda::tiered_one_grid_taken(w.cache, 2, K, true));
+  std::vector<int32_t> pos(3 * K);
+  for (int i = 0; i < 3 * K; ++i) pos[size_t(i)] = i * 3;
+  int32_t* d_pos = dev_alloc<int32_t>(pos.size());
+  int32_t* d_lens = dev_alloc<int32_t>(2);
+  int32_t* d_phys = dev_alloc<int32_t>(pos.size());
+  int32_t* d_counts = dev_alloc<int32_t>(3);
+  to_dev(d_pos, pos);
+  TieredResolveParams p = w.params(true);
+  p.num_tokens = 3, p.positions = d_pos, p.pos_stride_t = K, p.topk = K, p.req_of_token = nullptr;
+  p.seq_lens = d_lens, p.phys = d_phys, p.phys_stride_t = K, p.counts = d_counts;
+  to_dev(d_lens, std::vector<int32_t>{300, 120});  // request 0: 300 > max_positions; token 2: no request 2
+  CUDA_OK(cudaMemset(d_phys, 0x11, pos.size() * 4));
+  CUDA_OK(cudaMemset(d_counts, 0x11, 3 * 4));
+  cuda::resolve_tiered(w.cache, p, nullptr);
+  CUDA_OK(cudaDeviceSynchronize());
+  TieredCounters c = cuda::read_tiered_counters(w.cache, w.d_state, nullptr);
+  EXPECT_EQ(c.errors, 2u);
+  EXPECT_EQ(c.misses, 8u);  // token 1: positions 24 .. 45, all fresh
+  EXPECT_EQ(c.clock, 1u);
+  const auto counts = to_host(d_counts, 3);
+  EXPECT_EQ(counts[0], 0);
+  EXPECT_EQ(counts[1], 8);
+  EXPECT_EQ(counts[2], 0);
+  const auto phys = to_host(d_phys, pos.size());
+  for (int j = 0; j < K; ++j) {
+    EXPECT_EQ(phys[size_t(j)], -1) << j;
+    EXPECT_EQ(phys[size_t(2 * K + j)], -1) << j;
+    EXPECT_GE(phys[size_t(K + j)], w.cache.hot_slots()) << j;  // request 1's rows
+    EXPECT_LT(phys[size_t(K + j)], 2 * w.cache.hot_slots() - 1) << j;
+  }
+  // Request 0 with a good length, its first block missing from the table: positions 0 .. 21 have no
+  // pool row (8 errors, an empty row: the chooser rewrites nothing, the one worker is the last).
+  std::vector<int32_t> holes = w.table;
+  holes[0] = -1;
+  to_dev(w.d_table, holes);
+  to_dev(d_lens, std::vector<int32_t>{100, 120});
+  p.num_tokens = 2;
+  cuda::resolve_tiered(w.cache, p, nullptr);
+  CUDA_OK(cudaDeviceSynchronize());
+  c = cuda::read_tiered_counters(w.cache, w.d_state, nullptr);
+  EXPECT_EQ(c.errors, 2u + 8u);
+  EXPECT_EQ(to_host(d_counts, 2), (std::vector<int32_t>{0, 8}));
+  EXPECT_EQ(c.misses, 8u);  // token 1's rows are hot now
+  const auto st = to_host(w.d_state, w.cache.state_bytes());
+  const auto& L = w.cache.state_layout();
+  for (size_t o = L.copy_flags; o < L.zero_end; ++o) ASSERT_EQ(st[o], 0) << "hand-off word byte " << o - L.copy_flags;
+  for (void* q : {static_cast<void*>(d_pos), static_cast<void*>(d_lens), static_cast<void*>(d_phys),
+                  static_cast<void*>(d_counts)})
+    cudaFree(q);
+}
+
 // Resolve + attention captured once; the graph replays over new positions and lengths each step.
 TEST(TieredGpu, GraphReplayAcrossSteps) {
   REQUIRE_GPU();
@@ -549,6 +771,7 @@ TEST(TieredGpu, GraphReplayAcrossSteps) {
   TieredCacheConfig cfg;
   cfg.format = KvFormat::kFP8DsMla, cfg.topk = K, cfg.max_requests = reqs, cfg.max_positions = 20000;
   Tiered w(cfg, seed);
+  EXPECT_TRUE(cuda::tiered_one_grid_taken(w.cache, reqs, K, true)) << "the graph captures the one-grid launch";
   std::mt19937_64 rng(seed + 1);
   StepMaker mk(K, reqs, 1, rng, int32_t(cfg.max_positions));
   Attention att(cfg.format, kRopeDim, K, reqs, rng);

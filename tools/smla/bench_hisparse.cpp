@@ -329,6 +329,7 @@ int bench_hisparse(const Args& a) {
                       adds_pct, t_resolve, t_gather, vs, misses, bytes / 1e6, gbps, gbps / h2d,
                       std::string(to_string(fmt)).c_str(), B, reuse, K, H, (long long)L);
         std::puts(line);
+        std::printf("  resolver: %s\n", cuda::tiered_one_grid_taken(tc, int(B), K, true) ? "one grid (s13)" : "two kernels");
         if (phases) std::puts(phase_line.c_str());
         std::fflush(stdout);
         char js[1024];

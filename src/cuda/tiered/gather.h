@@ -5,6 +5,8 @@
 
 #include <cstdint>
 
+#include "smla/tiered.h"
+
 namespace smla::cuda {
 
 // dst row i <- src row rows[i] for i < n (rows: device [n] int32). Every stride and row_bytes a
@@ -17,6 +19,13 @@ void gather_rows_from_host(const void* src, int64_t src_stride, const int32_t* r
 // process (0: the launcher's choice; capped at kTieredCopyFlags). One block per request
 // makes every list longer than 4096 pieces take several copy rounds.
 void set_tiered_copy_blocks_for_testing(int blocks_per_request);
+// Tests only: the one-grid step (resolve.cu's onegrid_kernel, s13) for the following resolve_tiered
+// calls in this process: 0 = wherever the call's shape allows it (the default), 1 = never (the
+// two-kernel path: resolve_kernel + copy_kernel). Results are the same either way.
+void set_tiered_one_grid_for_testing(int mode);
+// Whether a resolve_tiered call of this shape (num_reqs, topk, req_of_token null or not) on the
+// current device takes the one-grid step now (the benchmark prints it).
+bool tiered_one_grid_taken(const TieredCache& cache, int num_reqs, int topk, bool req_of_token_null);
 // Tests and `smla bench --hisparse --late-copy` only: the copy blocks issue no host load before the
 // resolver's end (session 9's schedule, for an A/B in one run); results are the same.
 void set_tiered_copy_late_for_testing(bool late);

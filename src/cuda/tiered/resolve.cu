@@ -1,7 +1,8 @@
 // The HiSparse resolver (smla/tiered.h states the rule; resolve_tiered_reference is its
-// definition). Two launches of a fixed shape per step (for a given num_reqs and topk), no host
-// synchronization, so a step can be captured in a CUDA graph. The one cross-block signal is a
-// flag from each resolve block to its request's copy blocks (below), which never waits the other way.
+// definition). Two launches of a fixed shape per step (for a given num_reqs and topk; one for the
+// one-grid step below), no host synchronization, so a step can be captured in a CUDA graph. In the
+// two-kernel path the one cross-block signal is a flag from each resolve block to its request's copy
+// blocks (below), which never waits the other way.
 // resolve_kernel_9 / _16 run one 512-thread block per request:
 //
 //   0. read the request's clock (the stamp word of its slot R - 1), its length and (one token per
@@ -43,6 +44,13 @@
 // in an all-hit step copy_kernel's blocks read a zero count from their flag (before the resolver
 // ends) and exit at its end.
 //
+// One-grid step (s13, onegrid_kernel below; the default where the call allows it: one token per
+// request with req_of_token null, R <= 4608, and num_reqs x (1 + G) blocks resident at once, so
+// B <= 7 at K = 2048 on an H200): one cooperative launch instead of the two above. Per request, G
+// worker blocks (one per 128 entries, at most 16) classify their share of the entries, write the
+// hits' ids, arrive and start the misses' host reads; one chooser block waits for their arrival and
+// runs the same victim choice (assign_slots); the workers then store their rows. Same results.
+//
 // `smla bench --hisparse --phases` (set_tiered_phase_buffer_for_testing): %globaltimer stamps of
 // the resolver's phases and the copy blocks' events, off (a null pointer test) otherwise.
 //
@@ -63,6 +71,7 @@
 #include "../serving/writer_mirror.h"
 #include "gather.h"
 #include "smla/cuda_tiered.h"
+#include "onegrid.h"
 #include "victims.h"
 #include "smla/formats.h"
 
@@ -88,6 +97,7 @@ constexpr int kCopyUnroll = 16;  // 16-byte host loads in flight per thread: 64 
 constexpr int kCopyRoundUnroll = 8;
 constexpr int kCopyBlocksPerSm = 2;
 int copy_blocks_override = 0;        // set_tiered_copy_blocks_for_testing (0: the launcher's choice)
+int one_grid_mode = 0;               // set_tiered_one_grid_for_testing (0: where the shape allows it, 1: never)
 bool copy_late = false;              // set_tiered_copy_late_for_testing: the first loads wait for the resolver's end
 int early_read_mode = 0;             // set_tiered_early_read_for_testing (0: the launcher's choice)
 uint64_t* phase_buffer = nullptr;    // set_tiered_phase_buffer_for_testing
@@ -1077,6 +1087,276 @@ __global__ void __launch_bounds__(kCopyThreads) copy_kernel(CopyParams c) {
   phase_max(c.phase, kPhCopyEnd);
 }
 
+// ---- The one-grid step (s13, perf-history s13-hisparse) ----
+// One cooperative launch of num_reqs x (1 + G) blocks of kThreads: per request, block 0 is the
+// chooser and blocks 1 .. G the workers (tiered::onegrid_workers: one per 128 entries, at most 16).
+// Used for one token per request with req_of_token null (token r -> request r), R <= 4608 and a grid
+// that fits the device at once (the launch guarantees co-residency, so the blocks may wait on one
+// another); every other call takes resolve_kernel + copy_kernel. The same rule, the same results.
+//
+// Worker b takes entries [b E, b E + count) of its request's token, one per thread: length, clock,
+// position, then map word and pool row together; a hit exchanges its slot's stamp for `now` (the
+// count of hits is the exchanges that returned another stamp, as in classify_entries), a miss with
+// a pool row claims its position (-1 -> -2), a miss without one is an error. A block scan of the
+// entries' validity places each valid entry in the block's segment [b E, b E + count) in entry
+// order; hits and the newest row write their ids at once, the rest of the segment gets -1. The
+// claimed misses go to the job list (the block's segment of the request's list). The block then stores its record (tiered::pack_record: its claim count for the gather), fences,
+// and arrives on the request's 64-bit hand-off word by adding its counts (tiered::arrival_word), so
+// the word holds the step's totals once all have arrived. A block with no entry left unresolved (a
+// claim, or a position another entry claimed) exits; the others issue the first round of host loads
+// of their claimed rows, wait for the chooser's word, leave (add 1), write their unresolved entries'
+// ids from the final map (unless the chooser rewrote the row) and store their rows to the final slots.
+//
+// The chooser waits for the G arrivals; an all-hit step then only writes the count, the clock and
+// the counters. With claims it reads the records, gathers the claimed positions into
+// sm.miss and runs assign_slots (the counting path up to kSmallMisses misses, the sorts above: the
+// same victims as resolve_kernel). When the workers' segments are not the compacted row (a worker
+// before the last with an invalid entry: tiered::onegrid_needs_fixup) it rewrites the whole row
+// from the final map (write_rows) before raising its word, and the workers skip their id writes.
+// It then writes the count, the clock and the counters, and puts the hand-off words back to 0.
+// The hand-off words are the state's copy_flags of the request (words 0 and 1, words 8 .. 8 + G - 1),
+// which copy_kernel also expects to be 0 between steps.
+__device__ __forceinline__ uint64_t ld_acquire_u64(const unsigned long long* p) {
+  uint64_t v;
+  asm volatile("ld.acquire.gpu.global.b64 %0, [%1];\n" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void st_release_u64(unsigned long long* p, uint64_t v) {
+  asm volatile("st.release.gpu.global.b64 [%0], %1;\n" ::"l"(p), "l"(v) : "memory");
+}
+
+using OneGridSmem = ResolveSmem<kItemsSmall>;
+
+__device__ void onegrid_worker(const ResolveParams& p, OneGridSmem& sm, int r, int b, int G, int per) {
+  namespace tg = tiered;
+  __shared__ uint64_t s_word;
+  const int t = int(threadIdx.x), lane = t & 31;
+  phase_max(p.phase, kPhCopyStart);
+  if (r >= p.num_tokens) return;  // no token for this request: nothing to resolve (the chooser agrees)
+  const int32_t len = p.seq_lens[r];
+  if (len < 0 || int64_t(len) > p.max_positions) return;  // dropped: the chooser writes the empty row
+  uint32_t* stamps = p.stamps + int64_t(r) * p.R;
+  int32_t* map = p.pos_slot + int64_t(r) * p.max_positions;
+  uint32_t* words = p.copy_flags + int64_t(r) * kTieredCopyFlags;
+  const uint32_t now = __ldcg(stamps + (p.R - 1)) + 1;
+  const int first = tg::onegrid_first(b, per), count = tg::onegrid_count(p.topk, b, per);
+  const int32_t pos = t < count ? p.positions[int64_t(r) * p.pos_stride_t + first + t] : -1;
+  if (t == 0) sm.num_miss = 0, sm.hits = 0, sm.errors = 0, sm.newest_used = 0, sm.bad = 0;
+  const EntryKind kind = classify(len, pos);
+  const int32_t slot = kind == kOld ? map[pos] : -3;
+  const int32_t prow = kind == kOld ? int32_t(pool_row_of(p, r, pos)) : -1;
+  uint32_t old = now;
+  if (slot >= 0) old = atomicExch(&stamps[slot], now);
+  const bool error = slot == -1 && prow < 0;
+  const bool claimed = slot == -1 && prow >= 0 && atomicCAS(&map[pos], -1, -2) == -1;
+  const bool unresolved = kind == kOld && slot < 0 && prow >= 0;  // its slot comes from the victim choice
+  const int valid = kind == kNewest || (kind == kOld && (slot >= 0 || prow >= 0));
+  __syncthreads();  // the counters above are zero before any update
+  int off = 0, nvalid = 0;
+  Scan(sm.scan).ExclusiveSum(valid, off, nvalid);
+  int32_t* out = p.phys + int64_t(r) * p.phys_stride_t + first;
+  if (valid && !unresolved) out[off] = r * p.R + (kind == kNewest ? p.R - 1 : slot);
+  if (t >= nvalid && t < count) out[t] = -1;
+  {  // counts, summed per warp
+    const unsigned h = __reduce_add_sync(0xffffffffu, unsigned(slot >= 0 && old != now));
+    const unsigned e = __reduce_add_sync(0xffffffffu, unsigned(error));
+    const bool nw = __any_sync(0xffffffffu, kind == kNewest), un = __any_sync(0xffffffffu, unresolved);
+    if (lane == 0) {
+      if (h) atomicAdd(&sm.hits, h);
+      if (e) atomicAdd(&sm.errors, e);
+      if (nw) atomicExch(&sm.newest_used, 1);  // atomics: several warps may set it (racecheck-clean)
+      if (un) atomicExch(&sm.bad, 1);
+    }
+  }
+  // The claimed misses: positions and pool rows in shared memory (sorted_miss / slot_old: unused by
+  // a worker otherwise), and the block's segment of the request's job list for the chooser.
+  {
+    const unsigned m = __ballot_sync(0xffffffffu, claimed);
+    if (m != 0) {
+      int at = 0;
+      if (lane == __ffs(m) - 1) at = atomicAdd(&sm.num_miss, __popc(m));
+      at = __shfl_sync(0xffffffffu, at, __ffs(m) - 1);
+      if (claimed) {
+        const int idx = at + __popc(m & ((1u << lane) - 1));
+        sm.sorted_miss[idx] = pos, sm.slot_old[idx] = prow;
+        p.jobs[int64_t(r) * p.R + first + idx] = CopyJob{prow, pos};
+      }
+    }
+  }
+  __syncthreads();
+  const int n = sm.num_miss;
+  const int pieces = p.row_bytes / 16, total = n * pieces;
+  const bool waits = sm.bad != 0;
+  // The arrival comes before the host loads: a fence may wait for a thread's outstanding loads, and
+  // the chooser should not wait for PCIe. As in cooperative groups' grid sync, the block barrier and
+  // thread 0's fence (cumulative) order every thread's ids, job entries, claims and exchanges before
+  // the arrival.
+  __syncthreads();
+  auto* hand = reinterpret_cast<unsigned long long*>(words);  // the 64-bit hand-off word (words 0, 1)
+  if (t == 0) {
+    const bool newest = sm.newest_used != 0;
+    words[tg::kOneGridRecordWord + b] = tg::pack_record(nvalid, n, int(sm.errors), waits, newest);
+    if (sm.hits) atomicAdd(reinterpret_cast<unsigned long long*>(&p.ctr->hits), (unsigned long long)sm.hits);
+    __threadfence();
+    atomicAdd(hand, (unsigned long long)tg::arrival_word(nvalid, n, int(sm.errors), waits, newest,
+                                                         tg::onegrid_breaks_row(nvalid, b, G, p.topk, per)));
+  }
+  phase_max(p.phase, kPhCopyFlag);
+  if (!waits) return;
+  CopyRound rd;
+#pragma unroll
+  for (int u = 0; u < kCopyRoundUnroll; ++u) {  // the first round, before any victim is known
+    const int i = t + u * kThreads;
+    if (i < total)
+      rd.v[u] = *reinterpret_cast<const uint4*>(p.pool + int64_t(sm.slot_old[i / pieces]) * p.pool_stride +
+                                                16 * (i % pieces));
+  }
+  phase_max(p.phase, kPhCopyLoads);
+  if (t == 0) {
+    uint64_t v;
+    while (((v = ld_acquire_u64(hand)) & tg::kOneGridDone) == 0) __nanosleep(32);
+    __threadfence();
+    atomicAdd(hand, 1ull);  // leaving: the chooser puts the word back to 0 once every waiting block has
+    s_word = v;
+  }
+  __syncthreads();  // thread 0's acquire, then the block's reads of the final map
+  phase_max(p.phase, kPhCopyWait);
+  if (unresolved && (s_word & tg::kOneGridFixup) == 0) {
+    const int32_t s = __ldcg(map + pos);
+    out[off] = s >= 0 ? r * p.R + s : -1;
+  }
+  uint8_t* hot = p.hot + int64_t(r) * p.R * p.hot_stride;
+  bool loaded = true;
+  for (int base = t; base < total; base += kThreads * kCopyRoundUnroll) {
+    if (!loaded) {
+#pragma unroll
+      for (int u = 0; u < kCopyRoundUnroll; ++u) {
+        const int i = base + u * kThreads;
+        if (i < total)
+          rd.v[u] = *reinterpret_cast<const uint4*>(p.pool + int64_t(sm.slot_old[i / pieces]) * p.pool_stride +
+                                                    16 * (i % pieces));
+      }
+    }
+    loaded = false;
+    int32_t dst[kCopyRoundUnroll];
+#pragma unroll
+    for (int u = 0; u < kCopyRoundUnroll; ++u) {
+      const int i = base + u * kThreads;
+      dst[u] = i < total ? __ldcg(map + sm.sorted_miss[i / pieces]) : -1;
+    }
+#pragma unroll
+    for (int u = 0; u < kCopyRoundUnroll; ++u) {
+      const int i = base + u * kThreads;
+      if (dst[u] >= 0 && dst[u] < p.R - 1)
+        *reinterpret_cast<uint4*>(hot + int64_t(dst[u]) * p.hot_stride + 16 * (i % pieces)) = rd.v[u];
+    }
+  }
+  phase_max(p.phase, kPhCopyEnd);
+}
+
+__device__ void onegrid_chooser(const ResolveParams& p, OneGridSmem& sm, int r, int G, int per) {
+  namespace tg = tiered;
+  __shared__ int s_off[tg::kOneGridWorkers];
+  __shared__ int s_claims[tg::kOneGridWorkers];
+  __shared__ uint64_t s_tot;
+  const int t = int(threadIdx.x);
+  phase_stamp(p.phase, kPhStart);
+  uint32_t* clock = p.stamps + int64_t(r) * p.R + (p.R - 1);
+  uint32_t* words = p.copy_flags + int64_t(r) * kTieredCopyFlags;
+  auto* hand = reinterpret_cast<unsigned long long*>(words);  // the 64-bit hand-off word (words 0, 1)
+  const uint32_t now = __ldcg(clock) + 1;  // through L2: the chooser's L1 holds no line of the stamps
+  const bool has_token = r < p.num_tokens;
+  const int32_t len = has_token ? p.seq_lens[r] : 0;
+  const bool bad = has_token && (len < 0 || int64_t(len) > p.max_positions);
+  unsigned errors = 0;  // thread 0's
+  // Tokens whose request id has no hot buffer (t >= num_reqs), spread over the choosers.
+  for (int64_t q = int64_t(p.num_reqs) + r; q < p.num_tokens; q += p.num_reqs) {
+    write_empty_row(p, q);
+    if (t == 0) ++errors;
+  }
+  if (bad) {
+    write_empty_row(p, r);
+    if (t == 0) ++errors;
+  }
+  const bool live = has_token && !bad;
+  int n = 0;
+  bool newest = false;
+  if (live) {
+    if (t == 0) {
+      uint64_t v;
+      while (tg::unpack_totals(v = ld_acquire_u64(hand)).arrivals < G) __nanosleep(32);
+      __threadfence();  // as cooperative groups' grid sync: the block's reads below follow every arrival
+      s_tot = v;
+    }
+    __syncthreads();  // thread 0's acquire, then the block's reads of what the workers wrote
+    phase_stamp(p.phase, kPhClassified);
+    // The step's totals came with the arrivals: an all-hit step reads nothing more.
+    const tg::OneGridTotals tot = tg::unpack_totals(s_tot);
+    n = tot.claims, newest = tot.newest > 0;
+    const bool fixup = tot.breaks > 0;  // tg::onegrid_needs_fixup
+    if (t == 0) errors += unsigned(tot.errors);
+    if (n > 0) {
+      if (t < G) s_claims[t] = tg::unpack_record(__ldcg(words + tg::kOneGridRecordWord + t)).claims;
+      __syncthreads();
+      if (t == 0) {
+        int off = 0;
+        for (int b = 0; b < G; ++b) s_off[b] = off, off += s_claims[b];
+        sm.num_miss = off;  // == n
+      }
+      __syncthreads();
+      for (int j = t; j < p.topk; j += kThreads) {
+        const int b = j / per, i = j - b * per;
+        if (i < s_claims[b]) sm.miss[s_off[b] + i] = __ldcg(&p.jobs[int64_t(r) * p.R + j].pos);
+      }
+      __syncthreads();
+      bool small = false;
+      assign_slots(p, r, now, sm, small);  // p.early = 0: the default choice, no flags
+      __syncthreads();  // every map write of the block before the row rewrite / the word
+      phase_stamp(p.phase, kPhAssigned);
+    }
+    if (fixup) {  // the row from the final map (writes the count too)
+      if (t == 0) sm.num_tokens = 1, sm.tokens[0] = r;
+      __syncthreads();
+      write_rows(p, r, len, sm);
+    }
+    if (tot.waiters > 0) {
+      __syncthreads();  // map, slot positions, stamps (and a rewritten row) of every thread, then
+      if (t == 0) {     // thread 0's fence (cumulative) and the word
+        const uint64_t word = tg::kOneGridDone | (fixup ? tg::kOneGridFixup : 0u);
+        __threadfence();
+        st_release_u64(hand, word);
+        phase_stamp(p.phase, kPhIds);
+        while (ld_acquire_u64(hand) != word + uint64_t(tot.waiters)) __nanosleep(32);
+      }
+    }
+    if (t < G) words[tg::kOneGridRecordWord + t] = 0;  // (with claims, thread t read it before two barriers)
+    if (t == 0) {
+      *hand = 0ull;  // every worker has arrived and every waiting one has left
+      if (!fixup && p.counts) p.counts[r] = tot.valid;
+      *clock = now;
+    }
+  }
+  if (t == 0) {
+    const unsigned long long hits = newest ? 1 : 0;  // the workers added the hot hits
+    if (hits) atomicAdd(reinterpret_cast<unsigned long long*>(&p.ctr->hits), hits);
+    if (n) {
+      atomicAdd(reinterpret_cast<unsigned long long*>(&p.ctr->misses), (unsigned long long)n);
+      atomicAdd(reinterpret_cast<unsigned long long*>(&p.ctr->bytes), (unsigned long long)n * p.row_bytes);
+    }
+    if (errors) atomicAdd(reinterpret_cast<unsigned long long*>(&p.ctr->errors), (unsigned long long)errors);
+    if (r == 0) atomicAdd(&p.ctr->clock, 1u);  // steps resolved
+  }
+  phase_stamp(p.phase, kPhEnd);
+}
+
+__global__ void __launch_bounds__(kThreads, 1) onegrid_kernel(ResolveParams p, int G, int per) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  OneGridSmem& sm = *reinterpret_cast<OneGridSmem*>(smem_raw);
+  const int r = int(blockIdx.x) / (G + 1), b = int(blockIdx.x) % (G + 1);
+  if (b == 0) onegrid_chooser(p, sm, r, G, per);
+  else onegrid_worker(p, sm, r, b - 1, G, per);
+}
+
 // One thread per named position: a hot one loses its slot. Duplicates write the same values.
 __global__ void invalidate_kernel(const int32_t* req, const int32_t* pos, int64_t n, int R, int max_requests,
                                   int64_t max_positions, uint32_t* stamps, int32_t* slot_pos, int32_t* pos_slot) {
@@ -1183,6 +1463,30 @@ void invalidate_tiered_positions(const TieredCache& cache, void* state, size_t s
   check_launch("invalidate_kernel");
 }
 
+// The one-grid step's workers per request for a call of this shape (0: the two-kernel path): one
+// token per request with req_of_token null, R <= 4608, 1 <= K <= 8192, no hook of the two-kernel
+// path set (copy blocks, late copy, early reads), and num_reqs x (1 + G) blocks
+// resident at once on the current device (the cooperative launch's condition).
+static int one_grid_workers(const TieredCache& cache, int num_reqs, int topk, bool req_of_token_null) {
+  const int g = tiered::onegrid_workers(topk);
+  if (one_grid_mode == 1 || g == 0 || !req_of_token_null || num_reqs < 1 ||
+      cache.config().hot_slots > kThreads * kItemsSmall || copy_blocks_override != 0 || copy_late ||
+      early_read_mode != 0)
+    return 0;
+  constexpr int kSmem = int(sizeof(OneGridSmem));
+  // The attribute is set on every call: it belongs to the current device, and the call is cheap.
+  check_cuda(cudaFuncSetAttribute(onegrid_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
+             "onegrid_kernel shared-memory attribute");
+  int dev = 0, sms = 0, per_sm = 0, coop = 0;
+  check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
+  check_cuda(cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, dev), "cudaDeviceGetAttribute");
+  if (coop == 0) return 0;
+  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
+  check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, onegrid_kernel, kThreads, kSmem),
+             "onegrid_kernel occupancy");
+  return int64_t(num_reqs) * (g + 1) <= int64_t(per_sm) * sms ? g : 0;
+}
+
 void resolve_tiered(const TieredCache& cache, const TieredResolveParams& p, void* stream) {
   cache.check(p);
   check_cuda_limits(cache);
@@ -1247,6 +1551,37 @@ void resolve_tiered(const TieredCache& cache, const TieredResolveParams& p, void
   k.early = early_on && !copy_late && (p.req_of_token == nullptr || c.max_tokens_per_request == 1) &&
             int64_t(blocks_per_req) * kCopyThreads >= p.topk;
 
+  // The one-grid step (onegrid_kernel, s13) where the call's shape allows it: one token per request
+  // (req_of_token null), R <= 4608 and a grid that fits the device at once. A test or benchmark hook
+  // of the two-kernel path (copy blocks, late copy, early reads) keeps that path.
+  const int og_workers = one_grid_workers(cache, p.num_reqs, p.topk, p.req_of_token == nullptr);
+  if (og_workers > 0) {
+    const int64_t blocks = int64_t(p.num_reqs) * (og_workers + 1);
+    ResolveParams g = k;
+    g.early = 0, g.copy_blocks_per_req = 0;
+    g.copy_flags = reinterpret_cast<uint32_t*>(base + L.copy_flags);
+    const int per = tiered::onegrid_entries(p.topk, og_workers);
+    cudaLaunchConfig_t lc{};
+    lc.gridDim = dim3(unsigned(blocks));
+    lc.blockDim = dim3(kThreads);
+    lc.dynamicSmemBytes = sizeof(OneGridSmem);
+    lc.stream = st;
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeCooperative;  // the blocks wait on one another: all resident at once
+    attr.val.cooperative = 1;
+    lc.attrs = &attr;
+    lc.numAttrs = 1;
+    const cudaError_t e = cudaLaunchKernelEx(&lc, onegrid_kernel, g, og_workers, per);
+    if (e != cudaErrorCooperativeLaunchTooLarge) {
+      check_cuda(e, "onegrid_kernel launch (cooperative)");
+      check_launch("onegrid_kernel");
+      return;
+    }
+    // The device cannot hold the grid at once now (another context holds SMs): nothing was launched;
+    // the two-kernel path below resolves the step instead.
+    (void)cudaGetLastError();
+  }
+
   // The attribute is set on every call: it belongs to the current device, and the call is cheap.
   if (c.hot_slots <= kThreads * kItemsSmall) {
     constexpr int kSmem = int(sizeof(ResolveSmem<kItemsSmall>));
@@ -1294,6 +1629,10 @@ void resolve_tiered(const TieredCache& cache, const TieredResolveParams& p, void
 
 void set_tiered_copy_blocks_for_testing(int blocks_per_request) { copy_blocks_override = blocks_per_request; }
 void set_tiered_copy_late_for_testing(bool late) { copy_late = late; }
+void set_tiered_one_grid_for_testing(int mode) { one_grid_mode = mode; }
+bool tiered_one_grid_taken(const TieredCache& cache, int num_reqs, int topk, bool req_of_token_null) {
+  return one_grid_workers(cache, num_reqs, topk, req_of_token_null) > 0;
+}
 void set_tiered_early_read_for_testing(int mode) { early_read_mode = mode; }
 void set_tiered_phase_buffer_for_testing(uint64_t* stamps) { phase_buffer = stamps; }
 
