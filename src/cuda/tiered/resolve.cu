@@ -1309,8 +1309,7 @@ __device__ void onegrid_chooser(const ResolveParams& p, OneGridSmem& sm, int r, 
         if (i < s_claims[b]) sm.miss[s_off[b] + i] = __ldcg(&p.jobs[int64_t(r) * p.R + j].pos);
       }
       __syncthreads();
-      bool small = false;
-      assign_slots(p, r, now, sm, small);  // p.early = 0: the default choice, no flags
+      assign_slots(p, r, now, sm);  // p.early = 0: the default choice, no flags
       __syncthreads();  // every map write of the block before the row rewrite / the word
       phase_stamp(p.phase, kPhAssigned);
     }
