@@ -483,18 +483,18 @@ __device__ __forceinline__ void collect_chosen(const uint32_t (&key)[kItems], ui
 // c0 keys below s* are collected and ranked by counting, those at s* take ranks c0 + their scan
 // index. Rank i of each side then meets as in assign_slots: the same pairs, so the same map,
 // slots and stamps.
+// The small path's first part: thread t's candidate keys (slots t * kItems + k; padding and slots
+// stamped `now`: kNone, never chosen) into key, and each slot's position beside its stamp into
+// sm.slot_old (one round trip for both). Needs only the stamps final (every hit's exchange done): the
+// one-grid chooser issues it together with its other reads after the workers' arrivals.
 template <class Smem>
-__device__ void assign_slots_small(const ResolveParams& p, int r, uint32_t now, Smem& sm) {
+__device__ __forceinline__ void load_small_keys(const ResolveParams& p, int r, uint32_t now, Smem& sm,
+                                                uint32_t (&key)[Smem::kItems]) {
   constexpr int kItems = Smem::kItems;
-  constexpr uint32_t kNone = 0xffffffffu, kSlotMask = (1u << kSlotBits) - 1;
-  const int n = sm.num_miss;
-  const int t = int(threadIdx.x), lane = t & 31, warp = t >> 5;
-  uint32_t* stamps = p.stamps + int64_t(r) * p.R;
-  int32_t* slot_pos = p.slot_pos + int64_t(r) * p.R;
-  uint32_t key[kItems];
-  uint32_t smin = kNone, smax = 0;
-  // The candidate keys (padding and slots stamped `now`: kNone, never chosen), and each slot's
-  // position beside its stamp (one round trip for both).
+  constexpr uint32_t kNone = 0xffffffffu;
+  const int t = int(threadIdx.x);
+  const uint32_t* stamps = p.stamps + int64_t(r) * p.R;
+  const int32_t* slot_pos = p.slot_pos + int64_t(r) * p.R;
 #pragma unroll
   for (int k = 0; k < kItems; ++k) {
     const int sl = t * kItems + k;
@@ -502,6 +502,19 @@ __device__ void assign_slots_small(const ResolveParams& p, int r, uint32_t now, 
     sm.slot_old[sl] = sl < p.R - 1 ? slot_pos[sl] : -1;
     key[k] = st != now ? (st << kSlotBits) | uint32_t(sl) : kNone;
   }
+}
+
+// The small path's second part, from the keys of load_small_keys (sm.miss holds the sm.num_miss
+// claimed positions).
+template <class Smem>
+__device__ void choose_small(const ResolveParams& p, int r, uint32_t now, Smem& sm, const uint32_t (&key)[Smem::kItems]) {
+  constexpr int kItems = Smem::kItems;
+  constexpr uint32_t kNone = 0xffffffffu, kSlotMask = (1u << kSlotBits) - 1;
+  const int n = sm.num_miss;
+  const int t = int(threadIdx.x), lane = t & 31, warp = t >> 5;
+  uint32_t* stamps = p.stamps + int64_t(r) * p.R;
+  int32_t* slot_pos = p.slot_pos + int64_t(r) * p.R;
+  uint32_t smin = kNone, smax = 0;
   // The candidates' stamp range, per warp.
 #pragma unroll
   for (int k = 0; k < kItems; ++k)
@@ -564,6 +577,18 @@ __device__ void assign_slots_small(const ResolveParams& p, int r, uint32_t now, 
   }
 }
 
+template <class Smem>
+__device__ __forceinline__ void assign_slots_small(const ResolveParams& p, int r, uint32_t now, Smem& sm) {
+  uint32_t key[Smem::kItems];
+  load_small_keys(p, r, now, sm, key);
+  choose_small(p, r, now, sm, key);
+}
+
+// Whether assign_slots takes the small path (assign_slots_small) for num_miss misses at clock now.
+__device__ __forceinline__ bool takes_small_path(int num_miss, uint32_t now) {
+  return num_miss <= kSmallMisses && kSlotBits + 32 - __clz(int(now)) <= 31;
+}
+
 // Phase 2b: misses by position meet candidate slots by (stamp, slot), rank by rank: map, slot
 // positions and stamps (copy_kernel reads each claimed row's slot from the map afterwards).
 template <class Smem>
@@ -573,7 +598,7 @@ __device__ void assign_slots(const ResolveParams& p, int r, uint32_t now, Smem& 
   // Keys (stamp << kSlotBits) | slot; a slot stamped `now` (a hit of this step) and the padding
   // get all ones. Stamps are <= now: the other keys are below 2^end_bit - 1, so those sort last.
   const int end_bit = kSlotBits + 32 - __clz(int(now));
-  if (num_miss <= kSmallMisses && end_bit <= 31) {
+  if (takes_small_path(num_miss, now)) {
     assign_slots_small(p, r, now, sm);
     return;
   }
@@ -1108,9 +1133,10 @@ __global__ void __launch_bounds__(kCopyThreads) copy_kernel(CopyParams c) {
 // ids from the final map (unless the chooser rewrote the row) and store their rows to the final slots.
 //
 // The chooser waits for the G arrivals; an all-hit step then only writes the count, the clock and
-// the counters. With claims it reads the records, gathers the claimed positions into
-// sm.miss and runs assign_slots (the counting path up to kSmallMisses misses, the sorts above: the
-// same victims as resolve_kernel). When the workers' segments are not the compacted row (a worker
+// the counters. With claims it issues in one round (s13b) the records, its job entries' positions
+// and, on the counting path, the candidate keys (load_small_keys), then places the claimed positions
+// in sm.miss (tiered::onegrid_miss_index) and picks the victims: choose_small (up to kSmallMisses
+// misses with 32-bit keys) or assign_slots' sorts, the same victims as resolve_kernel. When the workers' segments are not the compacted row (a worker
 // before the last with an invalid entry: tiered::onegrid_needs_fixup) it rewrites the whole row
 // from the final map (write_rows) before raising its word, and the workers skip their id writes.
 // It then writes the count, the clock and the counters, and puts the hand-off words back to 0.
@@ -1256,7 +1282,6 @@ __device__ void onegrid_worker(const ResolveParams& p, OneGridSmem& sm, int r, i
 
 __device__ void onegrid_chooser(const ResolveParams& p, OneGridSmem& sm, int r, int G, int per) {
   namespace tg = tiered;
-  __shared__ int s_off[tg::kOneGridWorkers];
   __shared__ int s_claims[tg::kOneGridWorkers];
   __shared__ uint64_t s_tot;
   const int t = int(threadIdx.x);
@@ -1296,20 +1321,39 @@ __device__ void onegrid_chooser(const ResolveParams& p, OneGridSmem& sm, int r, 
     const bool fixup = tot.breaks > 0;  // tg::onegrid_needs_fixup
     if (t == 0) errors += unsigned(tot.errors);
     if (n > 0) {
-      if (t < G) s_claims[t] = tg::unpack_record(__ldcg(words + tg::kOneGridRecordWord + t)).claims;
+      // Three reads, none depending on another, issued in one round (s13b): the G records (their claim
+      // counts), the positions of this thread's first kIlp job entries (read whether claimed or not:
+      // j < K <= R - 1 is in bounds, an unclaimed entry's stale word is ignored), and on the small path
+      // the candidate keys and slot positions. All three were final at the arrivals.
+      const bool small = takes_small_path(n, now);
+      uint32_t rec = 0;
+      if (t < G) rec = __ldcg(words + tg::kOneGridRecordWord + t);
+      const CopyJob* jobs = p.jobs + int64_t(r) * p.R;
+      int32_t jpos[kIlp];
+#pragma unroll
+      for (int u = 0; u < kIlp; ++u) {
+        const int j = t + u * kThreads;
+        jpos[u] = j < p.topk ? __ldcg(&jobs[j].pos) : -1;
+      }
+      uint32_t key[OneGridSmem::kItems];
+      if (small) load_small_keys(p, r, now, sm, key);
+      if (t < G) s_claims[t] = tg::unpack_record(rec).claims;
+      if (t == 0) sm.num_miss = n;  // the records' sum (the arrival word's field is their total)
       __syncthreads();
-      if (t == 0) {
-        int off = 0;
-        for (int b = 0; b < G; ++b) s_off[b] = off, off += s_claims[b];
-        sm.num_miss = off;  // == n
+      // Each entry to the list at tiered::onegrid_miss_index (the workers' segments in order).
+#pragma unroll
+      for (int u = 0; u < kIlp; ++u) {
+        const int j = t + u * kThreads;
+        const int at = j < p.topk ? tg::onegrid_miss_index(j, per, s_claims) : -1;
+        if (at >= 0) sm.miss[at] = jpos[u];
+      }
+      for (int j = t + kIlp * kThreads; j < p.topk; j += kThreads) {  // K > 2048 only
+        const int at = tg::onegrid_miss_index(j, per, s_claims);
+        if (at >= 0) sm.miss[at] = __ldcg(&jobs[j].pos);
       }
       __syncthreads();
-      for (int j = t; j < p.topk; j += kThreads) {
-        const int b = j / per, i = j - b * per;
-        if (i < s_claims[b]) sm.miss[s_off[b] + i] = __ldcg(&p.jobs[int64_t(r) * p.R + j].pos);
-      }
-      __syncthreads();
-      assign_slots(p, r, now, sm);  // p.early = 0: the default choice, no flags
+      if (small) choose_small(p, r, now, sm, key);
+      else assign_slots(p, r, now, sm);  // the sorts (p.early = 0: the default choice, no flags)
       __syncthreads();  // every map write of the block before the row rewrite / the word
       phase_stamp(p.phase, kPhAssigned);
     }
