@@ -1125,8 +1125,8 @@ __global__ void __launch_bounds__(kCopyThreads) copy_kernel(CopyParams c) {
 // a pool row claims its position (-1 -> -2), a miss without one is an error. A block scan of the
 // entries' validity places each valid entry in the block's segment [b E, b E + count) in entry
 // order; hits and the newest row write their ids at once, the rest of the segment gets -1. The
-// claimed misses go to the job list (the block's segment of the request's list). The block then stores its record (tiered::pack_record: its claim count for the gather), fences,
-// and arrives on the request's 64-bit hand-off word by adding its counts (tiered::arrival_word), so
+// claimed misses go to the job list (the block's segment of the request's list). The block then stores its record (tiered::pack_record: its claim count for the gather)
+// and arrives on the request's 64-bit hand-off word by a release add of its counts (tiered::arrival_word), so
 // the word holds the step's totals once all have arrived. A block with no entry left unresolved (a
 // claim, or a position another entry claimed) exits; the others issue the first round of host loads
 // of their claimed rows, wait for the chooser's word, leave (add 1), write their unresolved entries'
@@ -1146,6 +1146,10 @@ __device__ __forceinline__ uint64_t ld_acquire_u64(const unsigned long long* p) 
   uint64_t v;
   asm volatile("ld.acquire.gpu.global.b64 %0, [%1];\n" : "=l"(v) : "l"(p) : "memory");
   return v;
+}
+// An add with release semantics at GPU scope (no result): cooperative groups' arrival on sm_70+.
+__device__ __forceinline__ void red_release_add_u64(unsigned long long* p, uint64_t v) {
+  asm volatile("red.release.gpu.global.add.u64 [%0], %1;\n" ::"l"(p), "l"(v) : "memory");
 }
 __device__ __forceinline__ void st_release_u64(unsigned long long* p, uint64_t v) {
   asm volatile("st.release.gpu.global.b64 [%0], %1;\n" ::"l"(p), "l"(v) : "memory");
@@ -1213,19 +1217,17 @@ __device__ void onegrid_worker(const ResolveParams& p, OneGridSmem& sm, int r, i
   const int n = sm.num_miss;
   const int pieces = p.row_bytes / 16, total = n * pieces;
   const bool waits = sm.bad != 0;
-  // The arrival comes before the host loads: a fence may wait for a thread's outstanding loads, and
-  // the chooser should not wait for PCIe. As in cooperative groups' grid sync, the block barrier and
-  // thread 0's fence (cumulative) order every thread's ids, job entries, claims and exchanges before
-  // the arrival.
+  // The arrival comes before the host loads (the chooser should not wait for PCIe). As in cooperative
+  // groups' grid sync on sm_70+ (s13b: no fence.sc), the block barrier and thread 0's release add
+  // (cumulative) order every thread's ids, job entries, claims and exchanges before the arrival.
   __syncthreads();
   auto* hand = reinterpret_cast<unsigned long long*>(words);  // the 64-bit hand-off word (words 0, 1)
   if (t == 0) {
     const bool newest = sm.newest_used != 0;
     words[tg::kOneGridRecordWord + b] = tg::pack_record(nvalid, n, int(sm.errors), waits, newest);
     if (sm.hits) atomicAdd(reinterpret_cast<unsigned long long*>(&p.ctr->hits), (unsigned long long)sm.hits);
-    __threadfence();
-    atomicAdd(hand, (unsigned long long)tg::arrival_word(nvalid, n, int(sm.errors), waits, newest,
-                                                         tg::onegrid_breaks_row(nvalid, b, G, p.topk, per)));
+    red_release_add_u64(hand, tg::arrival_word(nvalid, n, int(sm.errors), waits, newest,
+                                               tg::onegrid_breaks_row(nvalid, b, G, p.topk, per)));
   }
   phase_max(p.phase, kPhCopyFlag);
   if (!waits) return;
@@ -1241,7 +1243,9 @@ __device__ void onegrid_worker(const ResolveParams& p, OneGridSmem& sm, int r, i
   if (t == 0) {
     uint64_t v;
     while (((v = ld_acquire_u64(hand)) & tg::kOneGridDone) == 0) __nanosleep(32);
-    __threadfence();
+    // No fence (s13b): the acquire load and the block barrier below order the block's reads after the
+    // chooser's writes, as cooperative groups' grid sync does. The leaving add follows the load of the
+    // same word in program order (same-address coherence).
     atomicAdd(hand, 1ull);  // leaving: the chooser puts the word back to 0 once every waiting block has
     s_word = v;
   }
@@ -1309,8 +1313,9 @@ __device__ void onegrid_chooser(const ResolveParams& p, OneGridSmem& sm, int r, 
   if (live) {
     if (t == 0) {
       uint64_t v;
+      // As cooperative groups' grid sync (no fence, s13b): the acquire load and the block barrier below
+      // order the block's reads after every arrival (and so after every worker's writes).
       while (tg::unpack_totals(v = ld_acquire_u64(hand)).arrivals < G) __nanosleep(32);
-      __threadfence();  // as cooperative groups' grid sync: the block's reads below follow every arrival
       s_tot = v;
     }
     __syncthreads();  // thread 0's acquire, then the block's reads of what the workers wrote
@@ -1364,9 +1369,8 @@ __device__ void onegrid_chooser(const ResolveParams& p, OneGridSmem& sm, int r, 
     }
     if (tot.waiters > 0) {
       __syncthreads();  // map, slot positions, stamps (and a rewritten row) of every thread, then
-      if (t == 0) {     // thread 0's fence (cumulative) and the word
+      if (t == 0) {     // thread 0's release store (cumulative; no fence, s13b) of the word
         const uint64_t word = tg::kOneGridDone | (fixup ? tg::kOneGridFixup : 0u);
-        __threadfence();
         st_release_u64(hand, word);
         phase_stamp(p.phase, kPhIds);
         while (ld_acquire_u64(hand) != word + uint64_t(tot.waiters)) __nanosleep(32);
