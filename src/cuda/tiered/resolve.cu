@@ -1251,14 +1251,21 @@ __device__ void onegrid_worker(const ResolveParams& p, OneGridSmem& sm, int r, i
   }
   __syncthreads();  // thread 0's acquire, then the block's reads of the final map
   phase_max(p.phase, kPhCopyWait);
-  if (unresolved && (s_word & tg::kOneGridFixup) == 0) {
-    const int32_t s = __ldcg(map + pos);
-    out[off] = s >= 0 ? r * p.R + s : -1;
+  // The final map words this block needs first — its unresolved entries' (their ids) and the first
+  // round's rows' (their slots) — are read together, before any store (s13b: a store of an id before
+  // the row slots' loads would put two round trips in a row: the loads cannot pass a global store).
+  const bool write_id = unresolved && (s_word & tg::kOneGridFixup) == 0;
+  const int32_t id_slot = write_id ? __ldcg(map + pos) : -1;
+  int32_t dst[kCopyRoundUnroll];
+#pragma unroll
+  for (int u = 0; u < kCopyRoundUnroll; ++u) {
+    const int i = t + u * kThreads;
+    dst[u] = i < total ? __ldcg(map + sm.sorted_miss[i / pieces]) : -1;
   }
+  if (write_id) out[off] = id_slot >= 0 ? r * p.R + id_slot : -1;
   uint8_t* hot = p.hot + int64_t(r) * p.R * p.hot_stride;
-  bool loaded = true;
   for (int base = t; base < total; base += kThreads * kCopyRoundUnroll) {
-    if (!loaded) {
+    if (base != t) {  // later rounds (more than kThreads x kCopyRoundUnroll pieces): rows, then slots
 #pragma unroll
       for (int u = 0; u < kCopyRoundUnroll; ++u) {
         const int i = base + u * kThreads;
@@ -1266,13 +1273,11 @@ __device__ void onegrid_worker(const ResolveParams& p, OneGridSmem& sm, int r, i
           rd.v[u] = *reinterpret_cast<const uint4*>(p.pool + int64_t(sm.slot_old[i / pieces]) * p.pool_stride +
                                                     16 * (i % pieces));
       }
-    }
-    loaded = false;
-    int32_t dst[kCopyRoundUnroll];
 #pragma unroll
-    for (int u = 0; u < kCopyRoundUnroll; ++u) {
-      const int i = base + u * kThreads;
-      dst[u] = i < total ? __ldcg(map + sm.sorted_miss[i / pieces]) : -1;
+      for (int u = 0; u < kCopyRoundUnroll; ++u) {
+        const int i = base + u * kThreads;
+        dst[u] = i < total ? __ldcg(map + sm.sorted_miss[i / pieces]) : -1;
+      }
     }
 #pragma unroll
     for (int u = 0; u < kCopyRoundUnroll; ++u) {
