@@ -448,6 +448,54 @@ TEST(Tiered, BadInput) {
   EXPECT_EQ(w.counters().misses, 0u);
 }
 
+// TieredGpu.BadInput's device-side sequence (tests/gpu/test_tiered_cache.cpp) replayed on the
+// reference, which refuses bad data where the CUDA resolver counts it in TieredCounters::errors: one
+// error per token of a request with a bad id or length, one per entry that needs a host-pool row and
+// has none. Each such unit presented alone must be refused here, and the step without them accepted;
+// the counter the GPU test reads after both calls is their number, 2 + 8 (session 13: b87859f had
+// turned the GPU test's final expectation into 1 + 8, which its own first check, 2, rules out).
+TEST(Tiered, GpuBadInputSequenceErrorCount) {
+  const int K = 8;
+  World w(small_cfg(smla::KvFormat::kBF16, K, 0, 2, 1, 256), 2);  // the GPU test's geometry, default R
+  std::vector<int32_t> phys, counts, pos(2 * K);
+  for (int i = 0; i < 2 * K; ++i) pos[size_t(i)] = i * 5;
+  auto refused = [&](const std::vector<int32_t>& q, const std::vector<int32_t>& req_of,
+                     const std::vector<int32_t>& lens, const char* needle) {
+    try {
+      smla::resolve_tiered_reference(w.cache, w.params(q, K, &req_of, lens, phys, counts));
+    } catch (const smla::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+      return true;
+    }
+    return false;
+  };
+  auto token_row = [&](int t) { return std::vector<int32_t>(pos.begin() + t * K, pos.begin() + (t + 1) * K); };
+  uint64_t errors = 0;
+  // Call 1: tokens of requests {0, 7}, lengths {300, 120} (max_positions 256).
+  const std::vector<int32_t> bad_req{0, 7}, bad_lens{300, 120};
+  const char* why[] = {"past the tiered cache's max_positions", "has no hot buffer"};
+  for (int t = 0; t < 2; ++t) errors += refused(token_row(t), {bad_req[size_t(t)]}, bad_lens, why[t]);
+  EXPECT_EQ(errors, 2u);
+  const std::vector<int32_t> no_pos;
+  smla::resolve_tiered_reference(w.cache, w.params(no_pos, K, nullptr, bad_lens, phys, counts));  // both dropped
+  EXPECT_EQ(w.counters().clock, 1u);
+  // Call 2: requests {0, 1}, lengths {100, 120}; request 0's positions 0..63 lose their pool rows
+  // (the GPU test's block of 64 = this world's blocks 0..15 of 4).
+  const std::vector<int32_t> req{0, 1}, lens{100, 120};
+  for (int b = 0; b < 64 / w.block_size; ++b) w.table[size_t(b)] = -1;
+  std::vector<int32_t> kept = pos;  // the step without the refused entries
+  for (int j = 0; j < K; ++j) {  // token 0's entries, one at a time (token 1's: the accepted step below)
+    std::vector<int32_t> alone(2 * K, -1);
+    alone[size_t(j)] = pos[size_t(j)];
+    if (refused(alone, req, lens, "has no host-pool row")) ++errors, kept[size_t(j)] = -1;
+  }
+  EXPECT_EQ(errors, 2u + 8u);
+  smla::resolve_tiered_reference(w.cache, w.params(kept, K, &req, lens, phys, counts));
+  EXPECT_EQ(counts, (std::vector<int32_t>{0, 8}));  // the GPU test's counts and misses
+  EXPECT_EQ(w.counters().misses, 8u);
+  EXPECT_EQ(w.counters().clock, 2u);
+}
+
 TEST(Tiered, MaxDecodeBatch) {
   TieredCacheConfig c;  // fp8_ds_mla, K 2048, R 4224, max_positions 131072
   // The worked example in tiered.h: a 1 GiB budget.

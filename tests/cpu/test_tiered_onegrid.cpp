@@ -151,4 +151,40 @@ TEST(TieredOneGrid, SegmentsAreTheCompactedRowUnlessRewritten) {
   EXPECT_GT(kept, 50);
 }
 
+// The chooser's miss list (tiered::onegrid_miss_index, each thread for its own job entries) against
+// the sequential compaction it replaced (worker by worker, each worker's first claims[b] entries in
+// order): the same index for every entry, every list slot [0, sum) filled exactly once, -1 for the
+// unclaimed rest. Random claim counts (none, all, some) for every worker count, K from 1 to 8192.
+TEST(TieredOneGrid, MissIndexIsTheSequentialCompaction) {
+  std::mt19937_64 rng(20261202);
+  const std::vector<int> Ks = {1, 2, 100, 127, 128, 129, 300, 511, 2047, 2048, 2049, 3000, 4095, 8191, 8192};
+  int checked = 0;
+  for (int K : Ks)
+    for (int trial = 0; trial < 60; ++trial) {
+      const int g = tg::onegrid_workers(K), per = tg::onegrid_entries(K, g);
+      int claims[tg::kOneGridWorkers] = {};
+      for (int b = 0; b < g; ++b) {
+        const int count = tg::onegrid_count(K, b, per);
+        const int kind = (trial + b) % 4;
+        claims[b] = kind == 0 ? 0 : kind == 1 ? count : int(rng() % uint64_t(count + 1));
+      }
+      std::vector<int> expect(static_cast<size_t>(K), -1);
+      int next = 0;
+      for (int b = 0; b < g; ++b)
+        for (int i = 0; i < claims[b]; ++i) expect[size_t(tg::onegrid_first(b, per) + i)] = next++;
+      std::vector<int> hits(static_cast<size_t>(std::max(next, 1)), 0);
+      for (int j = 0; j < K; ++j) {
+        const int got = tg::onegrid_miss_index(j, per, claims);
+        ASSERT_EQ(got, expect[size_t(j)]) << "K " << K << " trial " << trial << " entry " << j;
+        if (got >= 0) {
+          ASSERT_LT(got, next);
+          ++hits[size_t(got)];
+        }
+      }
+      for (int x = 0; x < next; ++x) ASSERT_EQ(hits[size_t(x)], 1) << "K " << K << " list slot " << x;
+      ++checked;
+    }
+  EXPECT_EQ(checked, 15 * 60);
+}
+
 }  // namespace

@@ -582,12 +582,20 @@ TEST(TieredGpu, OneGridMatches) {
   k129.K = 129, k129.reqs = 4;
   Shape k300 = k100;
   k300.K = 300, k300.reqs = 5, k300.max_positions = 2000;
+  // K above 2048 (s13b: the chooser places its first 4 x 512 job entries from registers, the rest in a
+  // second loop): 16 workers of 188 / 282 entries, R given (the default R would pass 4608).
+  Shape k3000 = k100;
+  k3000.K = 3000, k3000.reqs = 2, k3000.max_positions = 12000;
+  Shape k4500 = k3000;
+  k4500.K = 4500, k4500.reqs = 1;
   for (int mode : {0, 1}) {
     SCOPED_TRACE(mode == 0 ? "one grid" : "two kernels");
     OneGridOverride o(mode);
     for (const Shape& sh : {one, seven, k100, k129, k300}) EXPECT_EQ(one_grid_taken(sh, 0), mode == 0) << sh.K;
     EXPECT_EQ(one_grid_taken(one, 2049), mode == 0);
     EXPECT_EQ(one_grid_taken(k100, 101), mode == 0);
+    EXPECT_EQ(one_grid_taken(k3000, 4224), mode == 0);
+    EXPECT_EQ(one_grid_taken(k4500, 4608), mode == 0);
     {
       Shape many = one;
       many.reqs = 32;  // 32 x 17 blocks do not fit at once: the two-kernel path
@@ -606,6 +614,8 @@ TEST(TieredGpu, OneGridMatches) {
     run_sequence(KvFormat::kFP8DsMla, kRopeDim, 6, seed + 1060 + uint64_t(mode), 0, (1u << 20) + 5, one);
     run_sequence(KvFormat::kFP8DsMla, kRopeDim, 8, seed + 1070 + uint64_t(mode), 2049, 0, one);  // R = K + 1
     run_sequence(KvFormat::kFP8E4M3, kRopeDim, 8, seed + 1080 + uint64_t(mode), 101, 0, k100);   // R = K + 1
+    run_sequence(KvFormat::kBF16, kRopeDim, 8, seed + 1090 + uint64_t(mode), 4224, 0, k3000);
+    run_sequence(KvFormat::kFP8DsMla, kRopeDim, 6, seed + 1095 + uint64_t(mode), 4608, 0, k4500);
   }
 }
 
@@ -926,8 +936,10 @@ TEST(TieredGpu, BadInput) {
   CUDA_OK(cudaDeviceSynchronize());
   c = cuda::read_tiered_counters(w.cache, w.d_state, nullptr);
   // Token 0 (request 0) asks for positions 0, 5, ..., 35: all in the missing block, 8 errors, an
-  // empty row. Token 1 (request 1) is untouched: 40, ..., 75, all valid.
-  EXPECT_EQ(c.errors, 1u + 8u);
+  // empty row. Token 1 (request 1) is untouched: 40, ..., 75, all valid. The counter adds up: the
+  // first call's 2 (checked above) plus these 8 (the CPU reference's count of the same sequence:
+  // Tiered.GpuBadInputSequenceErrorCount).
+  EXPECT_EQ(c.errors, 2u + 8u);
   EXPECT_EQ(to_host(d_counts, 2), (std::vector<int32_t>{0, 8}));
   EXPECT_EQ(c.misses, 8u);
   for (void* q : {static_cast<void*>(d_pos), static_cast<void*>(d_lens), static_cast<void*>(d_req),

@@ -93,6 +93,18 @@ SMLA_ONEGRID_HD bool onegrid_needs_fixup(const int* valid, int workers, int topk
   return fix;
 }
 
+// The chooser's miss list: entry j of the request's job list (worker b = j / per's segment, index
+// i = j - b per) holds a claimed position when i < claims[b]; it goes to the list at the claims of the
+// workers before b plus i (the workers' segments in worker order), else -1. Each chooser thread
+// computes it for its own entries from the G claim counts (no serial prefix step).
+SMLA_ONEGRID_HD int onegrid_miss_index(int j, int per, const int* claims) {
+  const int b = j / per, i = j - b * per;
+  if (i >= claims[b]) return -1;
+  int off = 0;
+  for (int c = 0; c < b; ++c) off += claims[c];
+  return off + i;
+}
+
 // One thread's composition of the workers' id writes for one token row: ids[j] is entry j's id when
 // is_valid[j], out gets what the kernel leaves before any fix-up (per-block segments); returns
 // whether the chooser rewrites the row.

@@ -483,18 +483,18 @@ __device__ __forceinline__ void collect_chosen(const uint32_t (&key)[kItems], ui
 // c0 keys below s* are collected and ranked by counting, those at s* take ranks c0 + their scan
 // index. Rank i of each side then meets as in assign_slots: the same pairs, so the same map,
 // slots and stamps.
+// The small path's first part: thread t's candidate keys (slots t * kItems + k; padding and slots
+// stamped `now`: kNone, never chosen) into key, and each slot's position beside its stamp into
+// sm.slot_old (one round trip for both). Needs only the stamps final (every hit's exchange done): the
+// one-grid chooser issues it together with its other reads after the workers' arrivals.
 template <class Smem>
-__device__ void assign_slots_small(const ResolveParams& p, int r, uint32_t now, Smem& sm) {
+__device__ __forceinline__ void load_small_keys(const ResolveParams& p, int r, uint32_t now, Smem& sm,
+                                                uint32_t (&key)[Smem::kItems]) {
   constexpr int kItems = Smem::kItems;
-  constexpr uint32_t kNone = 0xffffffffu, kSlotMask = (1u << kSlotBits) - 1;
-  const int n = sm.num_miss;
-  const int t = int(threadIdx.x), lane = t & 31, warp = t >> 5;
-  uint32_t* stamps = p.stamps + int64_t(r) * p.R;
-  int32_t* slot_pos = p.slot_pos + int64_t(r) * p.R;
-  uint32_t key[kItems];
-  uint32_t smin = kNone, smax = 0;
-  // The candidate keys (padding and slots stamped `now`: kNone, never chosen), and each slot's
-  // position beside its stamp (one round trip for both).
+  constexpr uint32_t kNone = 0xffffffffu;
+  const int t = int(threadIdx.x);
+  const uint32_t* stamps = p.stamps + int64_t(r) * p.R;
+  const int32_t* slot_pos = p.slot_pos + int64_t(r) * p.R;
 #pragma unroll
   for (int k = 0; k < kItems; ++k) {
     const int sl = t * kItems + k;
@@ -502,6 +502,19 @@ __device__ void assign_slots_small(const ResolveParams& p, int r, uint32_t now, 
     sm.slot_old[sl] = sl < p.R - 1 ? slot_pos[sl] : -1;
     key[k] = st != now ? (st << kSlotBits) | uint32_t(sl) : kNone;
   }
+}
+
+// The small path's second part, from the keys of load_small_keys (sm.miss holds the sm.num_miss
+// claimed positions).
+template <class Smem>
+__device__ void choose_small(const ResolveParams& p, int r, uint32_t now, Smem& sm, const uint32_t (&key)[Smem::kItems]) {
+  constexpr int kItems = Smem::kItems;
+  constexpr uint32_t kNone = 0xffffffffu, kSlotMask = (1u << kSlotBits) - 1;
+  const int n = sm.num_miss;
+  const int t = int(threadIdx.x), lane = t & 31, warp = t >> 5;
+  uint32_t* stamps = p.stamps + int64_t(r) * p.R;
+  int32_t* slot_pos = p.slot_pos + int64_t(r) * p.R;
+  uint32_t smin = kNone, smax = 0;
   // The candidates' stamp range, per warp.
 #pragma unroll
   for (int k = 0; k < kItems; ++k)
@@ -564,6 +577,18 @@ __device__ void assign_slots_small(const ResolveParams& p, int r, uint32_t now, 
   }
 }
 
+template <class Smem>
+__device__ __forceinline__ void assign_slots_small(const ResolveParams& p, int r, uint32_t now, Smem& sm) {
+  uint32_t key[Smem::kItems];
+  load_small_keys(p, r, now, sm, key);
+  choose_small(p, r, now, sm, key);
+}
+
+// Whether assign_slots takes the small path (assign_slots_small) for num_miss misses at clock now.
+__device__ __forceinline__ bool takes_small_path(int num_miss, uint32_t now) {
+  return num_miss <= kSmallMisses && kSlotBits + 32 - __clz(int(now)) <= 31;
+}
+
 // Phase 2b: misses by position meet candidate slots by (stamp, slot), rank by rank: map, slot
 // positions and stamps (copy_kernel reads each claimed row's slot from the map afterwards).
 template <class Smem>
@@ -573,7 +598,7 @@ __device__ void assign_slots(const ResolveParams& p, int r, uint32_t now, Smem& 
   // Keys (stamp << kSlotBits) | slot; a slot stamped `now` (a hit of this step) and the padding
   // get all ones. Stamps are <= now: the other keys are below 2^end_bit - 1, so those sort last.
   const int end_bit = kSlotBits + 32 - __clz(int(now));
-  if (num_miss <= kSmallMisses && end_bit <= 31) {
+  if (takes_small_path(num_miss, now)) {
     assign_slots_small(p, r, now, sm);
     return;
   }
@@ -1100,17 +1125,18 @@ __global__ void __launch_bounds__(kCopyThreads) copy_kernel(CopyParams c) {
 // a pool row claims its position (-1 -> -2), a miss without one is an error. A block scan of the
 // entries' validity places each valid entry in the block's segment [b E, b E + count) in entry
 // order; hits and the newest row write their ids at once, the rest of the segment gets -1. The
-// claimed misses go to the job list (the block's segment of the request's list). The block then stores its record (tiered::pack_record: its claim count for the gather), fences,
-// and arrives on the request's 64-bit hand-off word by adding its counts (tiered::arrival_word), so
+// claimed misses go to the job list (the block's segment of the request's list). The block then stores its record (tiered::pack_record: its claim count for the gather)
+// and arrives on the request's 64-bit hand-off word by a release add of its counts (tiered::arrival_word), so
 // the word holds the step's totals once all have arrived. A block with no entry left unresolved (a
 // claim, or a position another entry claimed) exits; the others issue the first round of host loads
 // of their claimed rows, wait for the chooser's word, leave (add 1), write their unresolved entries'
 // ids from the final map (unless the chooser rewrote the row) and store their rows to the final slots.
 //
 // The chooser waits for the G arrivals; an all-hit step then only writes the count, the clock and
-// the counters. With claims it reads the records, gathers the claimed positions into
-// sm.miss and runs assign_slots (the counting path up to kSmallMisses misses, the sorts above: the
-// same victims as resolve_kernel). When the workers' segments are not the compacted row (a worker
+// the counters. With claims it issues in one round (s13b) the records, its job entries' positions
+// and, on the counting path, the candidate keys (load_small_keys), then places the claimed positions
+// in sm.miss (tiered::onegrid_miss_index) and picks the victims: choose_small (up to kSmallMisses
+// misses with 32-bit keys) or assign_slots' sorts, the same victims as resolve_kernel. When the workers' segments are not the compacted row (a worker
 // before the last with an invalid entry: tiered::onegrid_needs_fixup) it rewrites the whole row
 // from the final map (write_rows) before raising its word, and the workers skip their id writes.
 // It then writes the count, the clock and the counters, and puts the hand-off words back to 0.
@@ -1120,6 +1146,10 @@ __device__ __forceinline__ uint64_t ld_acquire_u64(const unsigned long long* p) 
   uint64_t v;
   asm volatile("ld.acquire.gpu.global.b64 %0, [%1];\n" : "=l"(v) : "l"(p) : "memory");
   return v;
+}
+// An add with release semantics at GPU scope (no result): cooperative groups' arrival on sm_70+.
+__device__ __forceinline__ void red_release_add_u64(unsigned long long* p, uint64_t v) {
+  asm volatile("red.release.gpu.global.add.u64 [%0], %1;\n" ::"l"(p), "l"(v) : "memory");
 }
 __device__ __forceinline__ void st_release_u64(unsigned long long* p, uint64_t v) {
   asm volatile("st.release.gpu.global.b64 [%0], %1;\n" ::"l"(p), "l"(v) : "memory");
@@ -1187,19 +1217,17 @@ __device__ void onegrid_worker(const ResolveParams& p, OneGridSmem& sm, int r, i
   const int n = sm.num_miss;
   const int pieces = p.row_bytes / 16, total = n * pieces;
   const bool waits = sm.bad != 0;
-  // The arrival comes before the host loads: a fence may wait for a thread's outstanding loads, and
-  // the chooser should not wait for PCIe. As in cooperative groups' grid sync, the block barrier and
-  // thread 0's fence (cumulative) order every thread's ids, job entries, claims and exchanges before
-  // the arrival.
+  // The arrival comes before the host loads (the chooser should not wait for PCIe). As in cooperative
+  // groups' grid sync on sm_70+ (s13b: no fence.sc), the block barrier and thread 0's release add
+  // (cumulative) order every thread's ids, job entries, claims and exchanges before the arrival.
   __syncthreads();
   auto* hand = reinterpret_cast<unsigned long long*>(words);  // the 64-bit hand-off word (words 0, 1)
   if (t == 0) {
     const bool newest = sm.newest_used != 0;
     words[tg::kOneGridRecordWord + b] = tg::pack_record(nvalid, n, int(sm.errors), waits, newest);
     if (sm.hits) atomicAdd(reinterpret_cast<unsigned long long*>(&p.ctr->hits), (unsigned long long)sm.hits);
-    __threadfence();
-    atomicAdd(hand, (unsigned long long)tg::arrival_word(nvalid, n, int(sm.errors), waits, newest,
-                                                         tg::onegrid_breaks_row(nvalid, b, G, p.topk, per)));
+    red_release_add_u64(hand, tg::arrival_word(nvalid, n, int(sm.errors), waits, newest,
+                                               tg::onegrid_breaks_row(nvalid, b, G, p.topk, per)));
   }
   phase_max(p.phase, kPhCopyFlag);
   if (!waits) return;
@@ -1215,20 +1243,29 @@ __device__ void onegrid_worker(const ResolveParams& p, OneGridSmem& sm, int r, i
   if (t == 0) {
     uint64_t v;
     while (((v = ld_acquire_u64(hand)) & tg::kOneGridDone) == 0) __nanosleep(32);
-    __threadfence();
+    // No fence (s13b): the acquire load and the block barrier below order the block's reads after the
+    // chooser's writes, as cooperative groups' grid sync does. The leaving add follows the load of the
+    // same word in program order (same-address coherence).
     atomicAdd(hand, 1ull);  // leaving: the chooser puts the word back to 0 once every waiting block has
     s_word = v;
   }
   __syncthreads();  // thread 0's acquire, then the block's reads of the final map
   phase_max(p.phase, kPhCopyWait);
-  if (unresolved && (s_word & tg::kOneGridFixup) == 0) {
-    const int32_t s = __ldcg(map + pos);
-    out[off] = s >= 0 ? r * p.R + s : -1;
+  // The final map words this block needs first — its unresolved entries' (their ids) and the first
+  // round's rows' (their slots) — are read together, before any store (s13b: a store of an id before
+  // the row slots' loads would put two round trips in a row: the loads cannot pass a global store).
+  const bool write_id = unresolved && (s_word & tg::kOneGridFixup) == 0;
+  const int32_t id_slot = write_id ? __ldcg(map + pos) : -1;
+  int32_t dst[kCopyRoundUnroll];
+#pragma unroll
+  for (int u = 0; u < kCopyRoundUnroll; ++u) {
+    const int i = t + u * kThreads;
+    dst[u] = i < total ? __ldcg(map + sm.sorted_miss[i / pieces]) : -1;
   }
+  if (write_id) out[off] = id_slot >= 0 ? r * p.R + id_slot : -1;
   uint8_t* hot = p.hot + int64_t(r) * p.R * p.hot_stride;
-  bool loaded = true;
   for (int base = t; base < total; base += kThreads * kCopyRoundUnroll) {
-    if (!loaded) {
+    if (base != t) {  // later rounds (more than kThreads x kCopyRoundUnroll pieces): rows, then slots
 #pragma unroll
       for (int u = 0; u < kCopyRoundUnroll; ++u) {
         const int i = base + u * kThreads;
@@ -1236,13 +1273,11 @@ __device__ void onegrid_worker(const ResolveParams& p, OneGridSmem& sm, int r, i
           rd.v[u] = *reinterpret_cast<const uint4*>(p.pool + int64_t(sm.slot_old[i / pieces]) * p.pool_stride +
                                                     16 * (i % pieces));
       }
-    }
-    loaded = false;
-    int32_t dst[kCopyRoundUnroll];
 #pragma unroll
-    for (int u = 0; u < kCopyRoundUnroll; ++u) {
-      const int i = base + u * kThreads;
-      dst[u] = i < total ? __ldcg(map + sm.sorted_miss[i / pieces]) : -1;
+      for (int u = 0; u < kCopyRoundUnroll; ++u) {
+        const int i = base + u * kThreads;
+        dst[u] = i < total ? __ldcg(map + sm.sorted_miss[i / pieces]) : -1;
+      }
     }
 #pragma unroll
     for (int u = 0; u < kCopyRoundUnroll; ++u) {
@@ -1256,7 +1291,6 @@ __device__ void onegrid_worker(const ResolveParams& p, OneGridSmem& sm, int r, i
 
 __device__ void onegrid_chooser(const ResolveParams& p, OneGridSmem& sm, int r, int G, int per) {
   namespace tg = tiered;
-  __shared__ int s_off[tg::kOneGridWorkers];
   __shared__ int s_claims[tg::kOneGridWorkers];
   __shared__ uint64_t s_tot;
   const int t = int(threadIdx.x);
@@ -1284,8 +1318,9 @@ __device__ void onegrid_chooser(const ResolveParams& p, OneGridSmem& sm, int r, 
   if (live) {
     if (t == 0) {
       uint64_t v;
+      // As cooperative groups' grid sync (no fence, s13b): the acquire load and the block barrier below
+      // order the block's reads after every arrival (and so after every worker's writes).
       while (tg::unpack_totals(v = ld_acquire_u64(hand)).arrivals < G) __nanosleep(32);
-      __threadfence();  // as cooperative groups' grid sync: the block's reads below follow every arrival
       s_tot = v;
     }
     __syncthreads();  // thread 0's acquire, then the block's reads of what the workers wrote
@@ -1296,20 +1331,39 @@ __device__ void onegrid_chooser(const ResolveParams& p, OneGridSmem& sm, int r, 
     const bool fixup = tot.breaks > 0;  // tg::onegrid_needs_fixup
     if (t == 0) errors += unsigned(tot.errors);
     if (n > 0) {
-      if (t < G) s_claims[t] = tg::unpack_record(__ldcg(words + tg::kOneGridRecordWord + t)).claims;
+      // Three reads, none depending on another, issued in one round (s13b): the G records (their claim
+      // counts), the positions of this thread's first kIlp job entries (read whether claimed or not:
+      // j < K <= R - 1 is in bounds, an unclaimed entry's stale word is ignored), and on the small path
+      // the candidate keys and slot positions. All three were final at the arrivals.
+      const bool small = takes_small_path(n, now);
+      uint32_t rec = 0;
+      if (t < G) rec = __ldcg(words + tg::kOneGridRecordWord + t);
+      const CopyJob* jobs = p.jobs + int64_t(r) * p.R;
+      int32_t jpos[kIlp];
+#pragma unroll
+      for (int u = 0; u < kIlp; ++u) {
+        const int j = t + u * kThreads;
+        jpos[u] = j < p.topk ? __ldcg(&jobs[j].pos) : -1;
+      }
+      uint32_t key[OneGridSmem::kItems];
+      if (small) load_small_keys(p, r, now, sm, key);
+      if (t < G) s_claims[t] = tg::unpack_record(rec).claims;
+      if (t == 0) sm.num_miss = n;  // the records' sum (the arrival word's field is their total)
       __syncthreads();
-      if (t == 0) {
-        int off = 0;
-        for (int b = 0; b < G; ++b) s_off[b] = off, off += s_claims[b];
-        sm.num_miss = off;  // == n
+      // Each entry to the list at tiered::onegrid_miss_index (the workers' segments in order).
+#pragma unroll
+      for (int u = 0; u < kIlp; ++u) {
+        const int j = t + u * kThreads;
+        const int at = j < p.topk ? tg::onegrid_miss_index(j, per, s_claims) : -1;
+        if (at >= 0) sm.miss[at] = jpos[u];
+      }
+      for (int j = t + kIlp * kThreads; j < p.topk; j += kThreads) {  // K > 2048 only
+        const int at = tg::onegrid_miss_index(j, per, s_claims);
+        if (at >= 0) sm.miss[at] = __ldcg(&jobs[j].pos);
       }
       __syncthreads();
-      for (int j = t; j < p.topk; j += kThreads) {
-        const int b = j / per, i = j - b * per;
-        if (i < s_claims[b]) sm.miss[s_off[b] + i] = __ldcg(&p.jobs[int64_t(r) * p.R + j].pos);
-      }
-      __syncthreads();
-      assign_slots(p, r, now, sm);  // p.early = 0: the default choice, no flags
+      if (small) choose_small(p, r, now, sm, key);
+      else assign_slots(p, r, now, sm);  // the sorts (p.early = 0: the default choice, no flags)
       __syncthreads();  // every map write of the block before the row rewrite / the word
       phase_stamp(p.phase, kPhAssigned);
     }
@@ -1320,9 +1374,8 @@ __device__ void onegrid_chooser(const ResolveParams& p, OneGridSmem& sm, int r, 
     }
     if (tot.waiters > 0) {
       __syncthreads();  // map, slot positions, stamps (and a rewritten row) of every thread, then
-      if (t == 0) {     // thread 0's fence (cumulative) and the word
+      if (t == 0) {     // thread 0's release store (cumulative; no fence, s13b) of the word
         const uint64_t word = tg::kOneGridDone | (fixup ? tg::kOneGridFixup : 0u);
-        __threadfence();
         st_release_u64(hand, word);
         phase_stamp(p.phase, kPhIds);
         while (ld_acquire_u64(hand) != word + uint64_t(tot.waiters)) __nanosleep(32);
