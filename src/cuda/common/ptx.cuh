@@ -201,21 +201,27 @@ __device__ __forceinline__ void cp_async_16_zfill_l2(uint32_t dst, const void* s
       "l"(src), "r"(valid ? 16 : 0), "r"(int(fetch_128))
       : "memory");
 }
-// Named barriers 1..15 over `count` threads (a multiple of 32); 0 is __syncthreads.
+// Named barriers 1..15 over `count` threads (a multiple of 32); 0 is __syncthreads. The non-aligned
+// PTX forms (barrier.sync / .arrive / .red, not bar.*, which are their .aligned aliases): .aligned
+// requires every participating thread of the CTA to execute the same barrier instruction, and the
+// warp-specialized kernels meet at one barrier id from different instructions by design (each
+// role's inlined copy of load_q / store_o, the scorer's arrive against consumer 1's sync) under
+// role conditions not all CTA threads evaluate alike. On sm_90 ptxas emits the same BAR.SYNC /
+// BAR.ARV / BAR.RED for both forms (docs/perf-history.md#s14-named-barriers).
 __device__ __forceinline__ void named_sync(uint32_t id, uint32_t count) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+  asm volatile("barrier.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
 // Named barrier that also ANDs a predicate over its `count` threads: every thread gets the same answer.
 __device__ __forceinline__ bool named_sync_and(uint32_t id, uint32_t count, bool v) {
   uint32_t r;
-  asm volatile("{\n.reg .pred p, q;\nsetp.ne.u32 p, %1, 0;\nbar.red.and.pred q, %2, %3, p;\nselp.u32 %0, 1, 0, q;\n}\n"
+  asm volatile("{\n.reg .pred p, q;\nsetp.ne.u32 p, %1, 0;\nbarrier.red.and.pred q, %2, %3, p;\nselp.u32 %0, 1, 0, q;\n}\n"
                : "=r"(r)
                : "r"(uint32_t(v)), "r"(id), "r"(count)
                : "memory");
   return r != 0;
 }
 __device__ __forceinline__ void named_arrive(uint32_t id, uint32_t count) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+  asm volatile("barrier.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
 template <uint32_t kRegs>
 __device__ __forceinline__ void setmaxnreg_inc() {
