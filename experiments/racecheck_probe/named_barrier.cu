@@ -16,9 +16,19 @@
 //           ptx::named_sync writes them                                  (race-free by PTX)
 //   mode 4: mode 3 with warpgroup 2 exiting at once and 128-thread barriers 2 / 3 of each
 //           warpgroup in between, as swapab's consumers                  (race-free by PTX)
+// Session 14 (docs/perf-history.md#s14-named-barriers): in every mode above both warpgroups execute
+// the same barrier instruction; in the kernels they never do (each role's inlined load_q / store_o
+// has its own BAR, and the P hand-off is the scorer's bar.arrive against consumer 1's bar.sync).
+//   mode 6: mode 0 with each warpgroup at its own `bar.sync 1, 256` instruction (.aligned: PTX
+//           requires one instruction for the CTA, so this is what synccheck may call divergent)
+//   mode 7: mode 6 with the non-aligned `barrier.sync` (legal by PTX; the same SASS as mode 6)
+//   mode 8: the P hand-off: warpgroup 1 writes, `bar.arrive 2, 256`; warpgroup 0 `bar.sync 2, 256`
+//           and reads (.aligned forms at two instructions)
+//   mode 9: mode 8 with `barrier.arrive` / `barrier.sync` (legal by PTX)
 // and checks the values read. Build and run (one GPU, sm_90a):
 //   nvcc -std=c++17 -gencode=arch=compute_90a,code=sm_90a -o named_barrier named_barrier.cu
-//   for m in 0 1 2 3 4 5; do compute-sanitizer --tool racecheck ./named_barrier $m; done
+//   for m in 0 1 2 3 4 5 6 7 8 9; do compute-sanitizer --tool racecheck ./named_barrier $m; done
+//   for m in 0 6 7 8 9; do compute-sanitizer --tool synccheck ./named_barrier $m; done
 #include <cstdio>
 #include <cstdint>
 #include <cstdlib>
@@ -30,6 +40,25 @@ __device__ __forceinline__ void sync_r(uint32_t id, uint32_t count) {
 }
 
 __global__ void exchange(int mode, int* out) {
+  if (mode >= 6) {  // two warpgroups at two barrier instructions (distinct asm text: never merged)
+    __shared__ float b6[128];
+    const int wg = threadIdx.x / 128, lane = threadIdx.x % 128;
+    if (wg == 2) return;
+    if (wg == 1) {
+      b6[lane] = float(lane) + 0.5f;
+      if (mode == 6) asm volatile("bar.sync 1, 256; // wg1\n" ::: "memory");
+      else if (mode == 7) asm volatile("barrier.sync 1, 256; // wg1\n" ::: "memory");
+      else if (mode == 8) asm volatile("bar.arrive 2, 256; // wg1\n" ::: "memory");
+      else asm volatile("barrier.arrive 2, 256; // wg1\n" ::: "memory");
+    } else {
+      if (mode == 6) asm volatile("bar.sync 1, 256; // wg0\n" ::: "memory");
+      else if (mode == 7) asm volatile("barrier.sync 1, 256; // wg0\n" ::: "memory");
+      else if (mode == 8) asm volatile("bar.sync 2, 256; // wg0\n" ::: "memory");
+      else asm volatile("barrier.sync 2, 256; // wg0\n" ::: "memory");
+      if (b6[127 - lane] != float(127 - lane) + 0.5f) atomicAdd(out, 1);
+    }
+    return;
+  }
   if (mode == 5) {  // mode 4's sequence through register operands
     __shared__ float b5[128];
     const int wg = threadIdx.x / 128, lane = threadIdx.x % 128;
