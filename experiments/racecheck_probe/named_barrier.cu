@@ -25,10 +25,15 @@
 //   mode 8: the P hand-off: warpgroup 1 writes, `bar.arrive 2, 256`; warpgroup 0 `bar.sync 2, 256`
 //           and reads (.aligned forms at two instructions)
 //   mode 9: mode 8 with `barrier.arrive` / `barrier.sync` (legal by PTX)
+//   mode 10: h64.ws's whole sequence: barrier 1 at one instruction per warpgroup ("Q loaded"), four
+//            tiles of warpgroup 0 `bar.arrive 2 + tile % 2, 256` against warpgroup 1's `bar.sync`,
+//            then the row-sum exchange (warpgroup 1 writes, barrier 1 at its own instruction per
+//            warpgroup, warpgroup 0 reads): store_o's pair
+//   mode 11: mode 10 with the non-aligned forms (the kernels since session 14)
 // and checks the values read. Build and run (one GPU, sm_90a):
 //   nvcc -std=c++17 -gencode=arch=compute_90a,code=sm_90a -o named_barrier named_barrier.cu
-//   for m in 0 1 2 3 4 5 6 7 8 9; do compute-sanitizer --tool racecheck ./named_barrier $m; done
-//   for m in 0 6 7 8 9; do compute-sanitizer --tool synccheck ./named_barrier $m; done
+//   for m in 0 1 2 3 4 5 6 7 8 9 10 11; do compute-sanitizer --tool racecheck ./named_barrier $m; done
+//   for m in 0 6 7 8 9 10 11; do compute-sanitizer --tool synccheck ./named_barrier $m; done
 #include <cstdio>
 #include <cstdint>
 #include <cstdlib>
@@ -39,7 +44,45 @@ __device__ __forceinline__ void sync_r(uint32_t id, uint32_t count) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
 
+__device__ __forceinline__ void arrive_r(uint32_t id, uint32_t count, bool aligned) {
+  if (aligned) asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+  else asm volatile("barrier.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+__device__ __forceinline__ void sync_a(uint32_t id, uint32_t count, bool aligned) {
+  if (aligned) asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+  else asm volatile("barrier.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+
+// Mode 10 / 11: warpgroup kWg's part of h64.ws's barrier sequence (a template per warpgroup, as
+// ws_consume<kWg>: each has its own barrier instructions).
+template <int kWg, bool aligned>
+__device__ __forceinline__ void h64_sequence(float* buf, float* pbuf, int* out) {
+  const int lane = threadIdx.x % 128;
+  sync_a(1, 256, aligned);  // "Q loaded"
+  for (int tile = 0; tile < 4; ++tile) {
+    if (kWg == 0) {  // the scorer: P of the tile, then arrive
+      pbuf[(tile & 1) * 128 + lane] = float(tile * 1000 + lane);
+      arrive_r(2u + uint32_t(tile & 1), 256, aligned);
+    } else {  // consumer 1: sync, read P
+      sync_a(2u + uint32_t(tile & 1), 256, aligned);
+      if (pbuf[(tile & 1) * 128 + 127 - lane] != float(tile * 1000 + 127 - lane)) atomicAdd(out, 1);
+    }
+  }
+  if (kWg == 1) buf[lane] = float(lane) + 0.5f;  // consumer 1's row sums
+  sync_a(1, 256, aligned);
+  if (kWg == 0 && buf[127 - lane] != float(127 - lane) + 0.5f) atomicAdd(out, 1);
+}
+
 __global__ void exchange(int mode, int* out) {
+  if (mode >= 10) {
+    __shared__ float b10[128], p10[256];
+    const int wg = threadIdx.x / 128;
+    if (mode == 10 && wg == 0) h64_sequence<0, true>(b10, p10, out);
+    else if (mode == 10 && wg == 1) h64_sequence<1, true>(b10, p10, out);
+    else if (wg == 0) h64_sequence<0, false>(b10, p10, out);
+    else if (wg == 1) h64_sequence<1, false>(b10, p10, out);
+    return;
+  }
   if (mode >= 6) {  // two warpgroups at two barrier instructions (distinct asm text: never merged)
     __shared__ float b6[128];
     const int wg = threadIdx.x / 128, lane = threadIdx.x % 128;
