@@ -104,6 +104,8 @@ struct WsConfig {
     uint64_t full[2][2];                                 // [buffer][half] rows landed (quantized: dequantized)
     uint64_t raw[2][2];                                  // [buffer][half] quantized: raw bytes landed
     uint64_t empty[2][2];                                // [buffer][half] consumers done with it
+    uint64_t q_ready;                                    // both consumers' Q stores done (256 arrivals, once)
+    uint64_t sums_ready;                                 // both consumers' row sums stored (256 arrivals, once)
   };
   static constexpr size_t kSmemBytes = sizeof(SharedStorage);
 };
@@ -130,6 +132,8 @@ struct WsQ8Config {
     uint64_t empty[2];  // [stage] S done (128 scorer threads) and V dequantized (128 consumer 1 threads)
     uint64_t vfull;     // V half 0 of the next tile dequantized (consumer 1)
     uint64_t vempty;    // the scorer's P V done with V half 0
+    uint64_t q_ready;     // both consumers' Q stores done (256 arrivals, once)
+    uint64_t sums_ready;  // both consumers' row sums stored (256 arrivals, once)
   };
   static constexpr size_t kSmemBytes = sizeof(SharedStorage);
 };

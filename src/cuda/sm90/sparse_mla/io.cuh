@@ -59,7 +59,7 @@ __device__ __forceinline__ void load_q(const KernelParams& p, WsSmem<kQ8>& s, co
       }
     }
     ptx::fence_proxy_async_smem();
-    bar_sync(Bar::kConsumers, kConsumerThreads);
+    consumers_once(s.q_ready);
   } else {
     constexpr int kChunks = 2 * kMaxDim / 16;  // 72 per head
     const int q_chunks = 2 * p.k_steps;
@@ -95,7 +95,7 @@ __device__ __forceinline__ void load_q(const KernelParams& p, WsSmem<kQ8>& s, co
     ptx::cp_async_commit();
     ptx::cp_async_wait<0>();
     ptx::fence_proxy_async_smem();
-    bar_sync(Bar::kConsumers, kConsumerThreads);
+    consumers_once(s.q_ready);
   }
 }
 
@@ -121,7 +121,7 @@ __device__ __forceinline__ void store_o(const KernelParams& p, WsSmem<kQ8>& s, c
       s.m_final[wrow + g + 8] = m_run[1];
     }
   }
-  bar_sync(Bar::kConsumers, kConsumerThreads);
+  consumers_once(s.sums_ready);
   if (kWg == 0 && fr.wt == 0) ws_stamp(p, phase::kRowSums);
 
 #pragma unroll

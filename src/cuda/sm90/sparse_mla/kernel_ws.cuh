@@ -77,6 +77,8 @@ __global__ void __launch_bounds__(WsConfig::kThreads, 1) sparse_mla_ws_kernel(co
           ptx::mbar_init(ws_bar(s.empty[b][h]), kConsumerThreads);  // every consumer thread, once per tile
         }
     }
+    ptx::mbar_init(ws_bar(s.q_ready), kConsumerThreads);     // both consumers, once: Q stored
+    ptx::mbar_init(ws_bar(s.sums_ready), kConsumerThreads);  // both consumers, once: row sums stored
     ptx::fence_mbar_init();
   }
   if (threadIdx.x == 0) ws_stamp(p, phase::kEntry);

@@ -17,7 +17,7 @@ namespace smla::cuda::sm90::sparse_mla {
 
 // Named barriers of the kernel (ids 1..15; 0 is __syncthreads). No bare ids elsewhere.
 enum class Bar : uint32_t {
-  kConsumers = 1,  // both consumer warpgroups: Q loaded, row sums exchanged
+  kConsumers = 1,  // swapab's two consumer warpgroups (h64.ws: the q_ready / sums_ready mbarriers)
   kP0 = 2,         // + tile % 2: the scorer arrives with a tile's P and rescale factors stored,
   kP1 = 3,         //   consumer 1 syncs (two ids: the scorer may run a tile ahead)
   kScorer = 4,     // the scorer's 128 threads (its landed test: one path for the warpgroup)
@@ -64,6 +64,18 @@ __device__ __forceinline__ WsBlock block_work(const KernelParams& p) {
 __device__ __forceinline__ int swizzle(int r, int ch) { return ch ^ (r & 7); }
 
 __device__ __forceinline__ uint32_t ws_bar(uint64_t& b) { return ptx::smem_addr(&b); }
+
+// The two consumer warpgroups' one-time hand-offs (Q stored; row sums stored) through an mbarrier of
+// 256 arrivals, phase 0: each thread's shared-memory stores before its arrival (release) are
+// visible to every thread past the wait (acquire). Not named barrier 1: the scorer and consumer 1
+// run their own inlined copies of load_q / store_o, so they would meet a named barrier at two
+// different instructions, which synccheck reports as divergent and racecheck does not order (one
+// code path for both costs the q8 / nvfp4 kernels spills); mbarriers are met from any instruction
+// (docs/perf-history.md#s14-named-barriers).
+__device__ __forceinline__ void consumers_once(uint64_t& bar) {
+  ptx::mbar_arrive(ws_bar(bar));
+  ptx::mbar_wait(ws_bar(bar), 0);
+}
 
 // A phase stamp (cuda/common/phase.h) of this block; the caller picks one thread. Nothing unless
 // the build has SMLA_PHASE_TIMER.
