@@ -202,12 +202,11 @@ __device__ __forceinline__ void cp_async_16_zfill_l2(uint32_t dst, const void* s
       : "memory");
 }
 // Named barriers 1..15 over `count` threads (a multiple of 32); 0 is __syncthreads. The non-aligned
-// PTX forms (barrier.sync / .arrive / .red, not bar.*, which are their .aligned aliases): .aligned
-// requires every participating thread of the CTA to execute the same barrier instruction, and the
-// warp-specialized kernels meet at one barrier id from different instructions by design (each
-// role's inlined copy of load_q / store_o, the scorer's arrive against consumer 1's sync) under
-// role conditions not all CTA threads evaluate alike. On sm_90 ptxas emits the same BAR.SYNC /
-// BAR.ARV / BAR.RED for both forms (docs/perf-history.md#s14-named-barriers).
+// PTX forms (barrier.sync / .arrive / .red; bar.* are their .aligned aliases): read literally, .aligned
+// promises that all threads execute the same barrier instruction and evaluate every enclosing
+// condition alike, while the warp-specialized kernels use these barriers in role-conditional code
+// (the scorer's arrive against consumer 1's sync). On sm_90 ptxas emits the same BAR.SYNC / BAR.ARV /
+// BAR.RED for both forms where it proves the warp converged (docs/perf-history.md#s14-named-barriers).
 __device__ __forceinline__ void named_sync(uint32_t id, uint32_t count) {
   asm volatile("barrier.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
