@@ -29,11 +29,13 @@
 //            tiles of warpgroup 0 `bar.arrive 2 + tile % 2, 256` against warpgroup 1's `bar.sync`,
 //            then the row-sum exchange (warpgroup 1 writes, barrier 1 at its own instruction per
 //            warpgroup, warpgroup 0 reads): store_o's pair
-//   mode 11: mode 10 with the non-aligned forms (the kernels since session 14)
+//   mode 11: mode 10 with the non-aligned forms
+//   mode 12: the kernels since session 14: mode 11 with barrier 1's two uses replaced by two
+//            mbarriers of 256 arrivals (arrive, then wait for phase 0), the P hand-off unchanged
 // and checks the values read. Build and run (one GPU, sm_90a):
 //   nvcc -std=c++17 -gencode=arch=compute_90a,code=sm_90a -o named_barrier named_barrier.cu
-//   for m in 0 1 2 3 4 5 6 7 8 9 10 11; do compute-sanitizer --tool racecheck ./named_barrier $m; done
-//   for m in 0 6 7 8 9 10 11; do compute-sanitizer --tool synccheck ./named_barrier $m; done
+//   for m in 0 1 2 3 4 5 6 7 8 9 10 11 12; do compute-sanitizer --tool racecheck ./named_barrier $m; done
+//   for m in 0 6 7 8 9 10 11 12; do compute-sanitizer --tool synccheck ./named_barrier $m; done
 #include <cstdio>
 #include <cstdint>
 #include <cstdlib>
@@ -55,10 +57,20 @@ __device__ __forceinline__ void sync_a(uint32_t id, uint32_t count, bool aligned
 
 // Mode 10 / 11: warpgroup kWg's part of h64.ws's barrier sequence (a template per warpgroup, as
 // ws_consume<kWg>: each has its own barrier instructions).
-template <int kWg, bool aligned>
-__device__ __forceinline__ void h64_sequence(float* buf, float* pbuf, int* out) {
+// Mode 12's hand-off: arrive on an mbarrier of 256 arrivals, wait for its phase 0.
+__device__ __forceinline__ void mbar_once(uint64_t* bar) {
+  const uint32_t a = uint32_t(__cvta_generic_to_shared(bar));
+  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(a) : "memory");
+  asm volatile("{\n.reg .pred done;\nwait_%=:\nmbarrier.try_wait.parity.shared::cta.b64 done, [%0], 0;\n"
+               "@!done bra wait_%=;\n}\n" ::"r"(a)
+               : "memory");
+}
+
+template <int kWg, bool aligned, bool kMbar = false>
+__device__ __forceinline__ void h64_sequence(float* buf, float* pbuf, int* out, uint64_t* mb = nullptr) {
   const int lane = threadIdx.x % 128;
-  sync_a(1, 256, aligned);  // "Q loaded"
+  if (kMbar) mbar_once(&mb[0]);  // "Q loaded"
+  else sync_a(1, 256, aligned);
   for (int tile = 0; tile < 4; ++tile) {
     if (kWg == 0) {  // the scorer: P of the tile, then arrive
       pbuf[(tile & 1) * 128 + lane] = float(tile * 1000 + lane);
@@ -69,11 +81,27 @@ __device__ __forceinline__ void h64_sequence(float* buf, float* pbuf, int* out) 
     }
   }
   if (kWg == 1) buf[lane] = float(lane) + 0.5f;  // consumer 1's row sums
-  sync_a(1, 256, aligned);
+  if (kMbar) mbar_once(&mb[1]);
+  else sync_a(1, 256, aligned);
   if (kWg == 0 && buf[127 - lane] != float(127 - lane) + 0.5f) atomicAdd(out, 1);
 }
 
 __global__ void exchange(int mode, int* out) {
+  if (mode == 12) {
+    __shared__ float b12[128], p12[256];
+    __shared__ uint64_t mb[2];
+    const int wg = threadIdx.x / 128;
+    if (threadIdx.x == 0) {
+      for (int i = 0; i < 2; ++i)
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 256;\n" ::"r"(uint32_t(__cvta_generic_to_shared(&mb[i])))
+                     : "memory");
+      asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    if (wg == 0) h64_sequence<0, false, true>(b12, p12, out, mb);
+    else if (wg == 1) h64_sequence<1, false, true>(b12, p12, out, mb);
+    return;
+  }
   if (mode >= 10) {
     __shared__ float b10[128], p10[256];
     const int wg = threadIdx.x / 128;
