@@ -986,7 +986,7 @@ __global__ void __launch_bounds__(SwabConfig<kN, kF>::kThreads, 1) sparse_mla_sw
   ptx::setmaxnreg_inc<Cfg::kConsumerRegs>();
   swab_load_q<kN, kF>(p, s, w, threadIdx.x);
   ptx::fence_proxy_async_smem();
-  __syncwarp();  // swab_load_q's loop branches per lane: the warp reconverged, the barrier's plain form
+  __syncwarp();  // (swab_load_q branches per lane: reconverged here, the barrier below needs no divergence check)
   bar_sync(Bar::kConsumers, kConsumerThreads);
   // The consumer index from a shuffle of lane 0's: the compiler then knows it is warp-uniform and keeps
   // what derives from it (the P^T descriptors of P V) in uniform registers, not one R2UR pair per wgmma

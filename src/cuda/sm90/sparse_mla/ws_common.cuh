@@ -69,9 +69,9 @@ __device__ __forceinline__ uint32_t ws_bar(uint64_t& b) { return ptx::smem_addr(
 // 256 arrivals, phase 0: each thread's shared-memory stores before its arrival (release) are
 // visible to every thread past the wait (acquire). Not named barrier 1: the scorer and consumer 1
 // run their own inlined copies of load_q / store_o, so they would meet a named barrier at two
-// different instructions, which synccheck reports as divergent and racecheck does not order (one
-// code path for both costs the q8 / nvfp4 kernels spills); mbarriers are met from any instruction
-// (docs/perf-history.md#s14-named-barriers).
+// different instructions, which synccheck reports as divergent and racecheck as unordered (session
+// 14 run 0; one code path for both costs the q8 / nvfp4 kernels spills); an mbarrier may be met
+// from any instruction (docs/perf-history.md#s14-named-barriers).
 __device__ __forceinline__ void consumers_once(uint64_t& bar) {
   ptx::mbar_arrive(ws_bar(bar));
   ptx::mbar_wait(ws_bar(bar), 0);
