@@ -803,13 +803,7 @@ struct SwabConsumer {
                 kv + uint32_t(swab::slot_of(swp8::row_of_word(2 * st + half, t, c)) * Cfg::kRowStride) +
                 uint32_t(dim0(j, w, g)));
         if (j == 3 && st == 1) ptx::mbar_arrive(empty);  // (after the tile's last loads)
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          uint32_t x[4];
-          swp8::transpose4(wd[half], x);
-          a[st][0][2 * half] = x[0], a[st][0][2 * half + 1] = x[1];
-          a[st][1][2 * half] = x[2], a[st][1][2 * half + 1] = x[3];
-        }
+        swp8::v_fragments_tile(wd, a[st]);
       }
       float acc[2][kNH];
       ptx::wgmma_fence();
