@@ -418,7 +418,10 @@ struct SwabConsumer {
   // contiguous: fp8_e4m3 one 16-byte load a row (conflict-free: 608-byte rows put the four rows of a
   // quarter-warp 8 banks apart), nvfp4_ds_mla one block a row (8 bytes and one scale byte,
   // swapab_nvfp4.h). The same products per (dim, head), in the same k order.
-  static constexpr bool kV16 = kF != KvFormat::kFP8DsMla;
+  // N = 32 (pv8_by_tile: one 4-byte load per row and tile j) takes fp8_ds_mla's mapping for fp8_e4m3 too:
+  // its 4-byte loads are then conflict-free at 608-byte rows (word 24 slot + 8 w + g mod 32), where 16 (8 w +
+  // g) + 4 j would put a warp's 32 loads on 8 banks.
+  static constexpr bool kV16 = kF != KvFormat::kFP8DsMla && kN == 16;
   __host__ __device__ static constexpr int dim0(int j, int w, int g) {
     return kV16 ? 16 * (8 * w + g) + 4 * j : 128 * j + 4 * (8 * w + g);
   }
