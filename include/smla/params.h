@@ -52,7 +52,7 @@ struct SparseMlaParams {
   LseMode lse_mode = LseMode::kBaseE;  // ignored when lse is null
 
   // ---- kernel option
-  ScorePrecision score_precision = ScorePrecision::kAuto;  // kFP8: an e4m3 q with an fp8 cache only; kAuto: fp8 there (bf16 for fp8_ds_mla at H <= 16)
+  ScorePrecision score_precision = ScorePrecision::kAuto;  // kFP8: an e4m3 q with an fp8 cache only; kAuto: fp8 there (bf16 for fp8_ds_mla at H <= 32)
 
   int head_dim() const { return kLatentDim + rope_dim; }
 };

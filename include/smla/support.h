@@ -74,9 +74,9 @@ Support supports_sm90_ws_q8(const Geometry& g, const DeviceInfo& dev);
 // In the order they are tried; the first whose supports() is OK runs.
 inline constexpr CudaVariant kCudaVariants[] = {
     {"swapab", ScorePrecision::kBF16,
-     "small-H kernel for fp8_ds_mla, fp8_e4m3 and nvfp4_ds_mla rows with a bf16 q or an e4m3 q widened exactly "
-     "(H <= 16; fp8_ds_mla: score precision auto or bf16, fp8_e4m3: bf16): the rows are the wgmma M dimension (H "
-     "padded to 16, not 64), raw rows in a cp.async ring, e4m3 converted exactly in registers, tile scales in fp32 "
+     "small-H kernel for fp8_ds_mla, fp8_e4m3 (H <= 32) and nvfp4_ds_mla (H <= 16) rows with a bf16 q or an e4m3 q "
+     "widened exactly (fp8_ds_mla: score precision auto or bf16, fp8_e4m3: bf16): the rows are the wgmma M dimension "
+     "(H padded to 16 or 32, not 64), raw rows in a cp.async ring, e4m3 converted exactly in registers, tile scales in fp32 "
      "(S) and folded into bf16 P (P V), nvfp4_ds_mla's block scales applied as K and V are converted; fp32 sums "
      "(DESIGN.md §8: LSE within 1e-3)",
      supports_sm90_swapab, split_workspace_bytes},
@@ -92,8 +92,13 @@ inline constexpr CudaVariant kCudaVariants[] = {
 };
 inline std::span<const CudaVariant> cuda_variants() { return kCudaVariants; }
 
-// The largest H swapab runs (one block of 16 heads per token and split).
-inline constexpr int kSwapAbMaxHeads = 16;
+// The largest H swapab runs (one block per token and split: N = 16 heads for H <= 16, N = 32 above;
+// docs/perf-history.md#s14-swapab-n32): fp8_ds_mla and fp8_e4m3 32, nvfp4_ds_mla 16 (N = 16 only).
+inline constexpr int kSwapAbMaxHeads = 32;
+inline constexpr int kSwapAbNvfp4MaxHeads = 16;
+constexpr int swapab_max_heads(KvFormat f) {
+  return f == KvFormat::kNvFP4DsMla ? kSwapAbNvfp4MaxHeads : kSwapAbMaxHeads;
+}
 
 // The variant that runs g on dev: the first that supports it; nullptr when none does
 // (support_cuda says why).

@@ -22,7 +22,7 @@ enum class LseMode : uint8_t { kOff, kBaseE, kBase2 };
 // to bf16 (products exact, fp32 sums); kFP8 multiplies an e4m3 q with fp8 rows on the fp8 tensor
 // cores (faster; products exact, but summed with fewer bits: DESIGN.md §8's fp8-product bar);
 // kAuto (the default) is kFP8 for an e4m3 q with an fp8 cache, kBF16 otherwise, except fp8_ds_mla
-// at H <= 16 (the swap-AB kernel's widened bf16 scores are faster there): resolve_score_precision in
+// at H <= 32 (the swap-AB kernel's widened bf16 scores are faster there): resolve_score_precision in
 // smla/support.h.
 enum class ScorePrecision : uint8_t { kBF16, kFP8, kAuto };
 

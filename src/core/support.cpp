@@ -33,8 +33,8 @@ Support support_cpu(const Geometry& g) { return support_common(g); }
 ScorePrecision resolve_score_precision(const Geometry& g) {
   if (g.score_precision != ScorePrecision::kAuto) return g.score_precision;
   const bool fp8_cache = g.format == KvFormat::kFP8E4M3 || g.format == KvFormat::kFP8DsMla;
-  // fp8_ds_mla at H <= 16, the swap-AB kernel: its bf16 scores (q widened exactly) run faster than the
-  // fp8 score path there (docs/perf-history.md#s11-swapab), and are the more accurate.
+  // fp8_ds_mla at H <= 32, the swap-AB kernel: its bf16 scores (q widened exactly) run faster than the
+  // fp8 score path there (docs/perf-history.md#s11-swapab, #s14-swapab-n32), and are the more accurate.
   if (g.format == KvFormat::kFP8DsMla && g.num_heads <= kSwapAbMaxHeads) return ScorePrecision::kBF16;
   return g.q_dtype == DType::kE4M3 && fp8_cache ? ScorePrecision::kFP8 : ScorePrecision::kBF16;
 }
@@ -87,7 +87,9 @@ Support supports_sm90_swapab(const Geometry& g, const DeviceInfo& dev) {
     return {"swapab takes a bf16 or e4m3 q; use h64.ws for the others"};
   if (resolve_score_precision(g) != ScorePrecision::kBF16)
     return {"swapab computes the scores in bf16, not fp8; use score precision bf16 or auto"};
-  if (g.num_heads > kSwapAbMaxHeads) return {"swapab runs H <= 16; use h64.ws for larger H"};
+  if (g.num_heads > swapab_max_heads(g.format))
+    return {"swapab runs " + std::string(to_string(g.format)) + " at H <= " + std::to_string(swapab_max_heads(g.format)) +
+            "; use h64.ws for larger H"};
   return {};
 }
 

@@ -17,5 +17,8 @@ set(SMLA_CUDA_SOURCES
   # small H (<= 16), fp8_ds_mla / fp8_e4m3 / nvfp4_ds_mla with bf16 scores: rows as the wgmma M dimension (swap AB)
   ${CMAKE_CURRENT_LIST_DIR}/sm90/sparse_mla/fp8_ds_mla_swapab.cu
   ${CMAKE_CURRENT_LIST_DIR}/sm90/sparse_mla/fp8_e4m3_swapab.cu
+  # ... and N = 32 for 17 <= H <= 32 (fp8_ds_mla, fp8_e4m3)
+  ${CMAKE_CURRENT_LIST_DIR}/sm90/sparse_mla/fp8_ds_mla_swapab32.cu
+  ${CMAKE_CURRENT_LIST_DIR}/sm90/sparse_mla/fp8_e4m3_swapab32.cu
   ${CMAKE_CURRENT_LIST_DIR}/sm90/sparse_mla/nvfp4_ds_mla_swapab.cu
 )

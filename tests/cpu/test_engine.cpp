@@ -85,7 +85,7 @@ TEST(Plan, ScorePrecisionIsComparedResolved) {
     SP plan, call;
     bool ok;
   };
-  // An e4m3 q with an fp8_ds_mla cache at H = 64: auto is fp8 (at H <= kSwapAbMaxHeads = 16 it is bf16,
+  // An e4m3 q with an fp8_ds_mla cache at H = 64: auto is fp8 (at H <= kSwapAbMaxHeads = 32 it is bf16,
   // the swap-AB kernel's path: smla/support.h resolve_score_precision).
   const Row e4m3_rows[] = {{SP::kAuto, SP::kAuto, true},  {SP::kAuto, SP::kFP8, true},  {SP::kFP8, SP::kAuto, true},
                            {SP::kFP8, SP::kFP8, true},    {SP::kBF16, SP::kBF16, true}, {SP::kAuto, SP::kBF16, false},

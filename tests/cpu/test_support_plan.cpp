@@ -181,15 +181,20 @@ TEST(Support, Fp8ScoresNeedAnE4m3QWithAnFp8Cache) {
 // resolve_score_precision: every format x q dtype x {auto, bf16, fp8}. An explicit choice stays as
 // it is (support_common refuses fp8 where it cannot run); auto is fp8 exactly for an e4m3 q with an
 // fp8_e4m3 / fp8_ds_mla cache (the two pairs listed by hand below).
-// The swap-AB small-H kernel runs fp8_ds_mla at H <= 16 with a bf16 q, and with an e4m3 q under score
-// precision auto or bf16 (auto resolves to bf16 there); fp8 scores asked for explicitly, everything
-// else, and the reasons of what nothing runs stay with the 64-head kernels.
+// The swap-AB small-H kernel runs fp8_ds_mla at H <= 32 (N = 16 up to 16 heads, N = 32 above:
+// docs/perf-history.md#s14-swapab-n32) with a bf16 q, and with an e4m3 q under score precision auto or
+// bf16 (auto resolves to bf16 there); fp8_e4m3 at H <= 32 with bf16 scores; nvfp4_ds_mla at H <= 16; fp8
+// scores asked for explicitly, everything else, and the reasons of what nothing runs stay with the
+// 64-head kernels.
 TEST(Support, SwapAbTakesSmallHeadFp8DsMlaWithABf16Q) {
   const auto h200 = device(9, 0, "NVIDIA H200");
   const int hmax = smla::kSwapAbMaxHeads;
-  EXPECT_EQ(hmax, 16);
-  auto ds = [&](int H) -> std::string { return H <= hmax ? "swapab" : "h64.ws"; };
-  for (int H : {1, 8, 16, 17, 20, 31, 32, 33, 64, 96, 128}) {
+  EXPECT_EQ(hmax, 32);
+  EXPECT_EQ(smla::swapab_max_heads(KvFormat::kFP8DsMla), 32);
+  EXPECT_EQ(smla::swapab_max_heads(KvFormat::kFP8E4M3), 32);
+  EXPECT_EQ(smla::swapab_max_heads(KvFormat::kNvFP4DsMla), 16);
+  auto ds = [&](int H) -> std::string { return H <= 32 ? "swapab" : "h64.ws"; };
+  for (int H : {1, 8, 16, 17, 20, 24, 31, 32, 33, 48, 64, 96, 128}) {
     const smla::CudaVariant* v = smla::cuda_variant_for(geo(KvFormat::kFP8DsMla, DType::kBF16, H), h200);
     ASSERT_NE(v, nullptr) << H;
     EXPECT_EQ(std::string(v->name), ds(H)) << H;
@@ -199,28 +204,31 @@ TEST(Support, SwapAbTakesSmallHeadFp8DsMlaWithABf16Q) {
       EXPECT_EQ(std::string(v->name), ds(H)) << H << " rope " << rope;
     }
     EXPECT_STREQ(smla::cuda_variant_for(geo(KvFormat::kBF16, DType::kBF16, H), h200)->name, "h64.ws") << H;
-    // nvfp4_ds_mla rows: on swapab (D = 512 too)
-    const bool nv = H <= hmax;
+    // nvfp4_ds_mla rows: on swapab at H <= 16 only (D = 512 too)
+    const bool nv = H <= 16;
     for (int rope : {64, 0})
       EXPECT_EQ(std::string(smla::cuda_variant_for(geo(KvFormat::kNvFP4DsMla, DType::kBF16, H, rope, 77), h200)->name),
                 nv ? "swapab" : "h64.ws")
           << H << " rope " << rope;
-    // fp8_e4m3 rows: on swapab
-    const bool e4 = H <= hmax;
+    // fp8_e4m3 rows: on swapab at H <= 32
+    const bool e4 = H <= 32;
     EXPECT_EQ(std::string(smla::cuda_variant_for(geo(KvFormat::kFP8E4M3, DType::kBF16, H), h200)->name),
               e4 ? "swapab" : "h64.ws")
         << H;
     Geometry q8 = geo(KvFormat::kFP8DsMla, DType::kE4M3, H);
-    EXPECT_EQ(std::string(smla::cuda_variant_for(q8, h200)->name), H <= hmax ? "swapab" : "h64.ws.q8")
+    EXPECT_EQ(std::string(smla::cuda_variant_for(q8, h200)->name), H <= 32 ? "swapab" : "h64.ws.q8")
         << H << " auto";
-    EXPECT_EQ(smla::resolve_score_precision(q8), H <= hmax ? smla::ScorePrecision::kBF16 : smla::ScorePrecision::kFP8)
+    EXPECT_EQ(smla::resolve_score_precision(q8), H <= 32 ? smla::ScorePrecision::kBF16 : smla::ScorePrecision::kFP8)
         << H;
     q8.score_precision = smla::ScorePrecision::kBF16;
     EXPECT_EQ(std::string(smla::cuda_variant_for(q8, h200)->name), ds(H)) << H << " bf16";
     q8.score_precision = smla::ScorePrecision::kFP8;  // asked for: the fp8 tensor-core path
     EXPECT_STREQ(smla::cuda_variant_for(q8, h200)->name, "h64.ws.q8") << H << " fp8";
-    // fp8_e4m3 keeps its fp8 default at every H
-    EXPECT_STREQ(smla::cuda_variant_for(geo(KvFormat::kFP8E4M3, DType::kE4M3, H), h200)->name, "h64.ws.q8") << H;
+    // fp8_e4m3 keeps its fp8 default at every H; with bf16 scores asked for, an e4m3 q runs swapab at H <= 32
+    Geometry e8 = geo(KvFormat::kFP8E4M3, DType::kE4M3, H);
+    EXPECT_STREQ(smla::cuda_variant_for(e8, h200)->name, "h64.ws.q8") << H;
+    e8.score_precision = smla::ScorePrecision::kBF16;
+    EXPECT_EQ(std::string(smla::cuda_variant_for(e8, h200)->name), e4 ? "swapab" : "h64.ws") << H << " bf16";
   }
   // Nothing runs H = 129: the reason is the 64-head kernel's, not swapab's.
   expect_reason(smla::support_cuda(geo(KvFormat::kFP8DsMla, DType::kBF16, 129), h200, true), "128 heads", "H = 129");
@@ -229,8 +237,10 @@ TEST(Support, SwapAbTakesSmallHeadFp8DsMlaWithABf16Q) {
   Geometry fp8 = geo(KvFormat::kFP8DsMla, DType::kE4M3, 16);
   fp8.score_precision = smla::ScorePrecision::kFP8;
   expect_reason(smla::supports_sm90_swapab(fp8, h200), "not fp8", "fp8 scores asked for");
-  for (KvFormat f : {KvFormat::kFP8DsMla, KvFormat::kFP8E4M3, KvFormat::kNvFP4DsMla})
-    expect_reason(smla::supports_sm90_swapab(geo(f, DType::kBF16, 17), h200), "H <= 16", "H = 17");
+  for (KvFormat f : {KvFormat::kFP8DsMla, KvFormat::kFP8E4M3})
+    expect_reason(smla::supports_sm90_swapab(geo(f, DType::kBF16, 33), h200), "H <= 32", "H = 33");
+  expect_reason(smla::supports_sm90_swapab(geo(KvFormat::kNvFP4DsMla, DType::kBF16, 17), h200), "H <= 16",
+                "nvfp4_ds_mla H = 17");
   expect_reason(smla::supports_sm90_swapab(g, device(8, 0, "NVIDIA A100")), "SM90", "sm_80");
 }
 

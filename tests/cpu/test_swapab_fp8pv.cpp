@@ -111,6 +111,28 @@ TEST(SwapAbFp8Pv, VFragmentsMatchTheStage) {
 
 // Every f16 value of magnitude <= 448 (P * scale * F stays under 256; the rest checks the saturating edge):
 // v - hi exact in f16, hi + lo within 2^-8 |v| + 2^-10 of v, no NaN code; bytes in element order.
+// N = 32's per-tile fragments (swapab.cuh pv8_by_tile, docs/perf-history.md#s14-swapab-n32): for every
+// tile j, the same registers as v_fragments' m-tiles 2 j, 2 j + 1, on random words.
+TEST(SwapAbFp8Pv, TileFragmentsAreVFragmentsOfTheTile) {
+  std::mt19937 rng(32);
+  for (int trial = 0; trial < 2048; ++trial) {
+    uint32_t wd[2][4][4];
+    for (auto& h : wd)
+      for (auto& c : h)
+        for (auto& x : c) x = rng();
+    uint32_t all[8][4];
+    p8::v_fragments(wd, all);
+    for (int j = 0; j < 4; ++j) {
+      uint32_t w[2][4], a[2][4];
+      for (int half = 0; half < 2; ++half)
+        for (int c = 0; c < 4; ++c) w[half][c] = wd[half][c][j];
+      p8::v_fragments_tile(w, a);
+      for (int h = 0; h < 2; ++h)
+        for (int r = 0; r < 4; ++r) ASSERT_EQ(a[h][r], all[2 * j + h][r]) << "j " << j << " h " << h << " r " << r;
+    }
+  }
+}
+
 TEST(SwapAbFp8Pv, SplitEveryF16) {
   int checked = 0;
   double worst = 0.0;

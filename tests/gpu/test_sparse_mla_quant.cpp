@@ -187,8 +187,9 @@ void run_checked(const ProblemSpec& spec, const std::string& what, smla::ScorePr
   ASSERT_NE(variant, nullptr) << "no variant supports this case";
   const smla::ScorePrecision resolved = smla::resolve_score_precision(smla::geometry_of(p));
   if (score == smla::ScorePrecision::kAuto) {  // the default: fp8 scores for an e4m3 q (fp8 caches only take one),
-    // except fp8_ds_mla at H <= 16, where the swap-AB kernel runs either q with bf16 scores (s11)
-    const bool swapab = p.num_heads <= smla::kSwapAbMaxHeads &&
+    // except fp8_ds_mla at H <= 32, where the swap-AB kernel runs either q with bf16 scores (s11, s14: N = 32
+    // above 16 heads); nvfp4_ds_mla on swapab at H <= 16 only
+    const bool swapab = p.num_heads <= smla::swapab_max_heads(p.format) &&
                         (p.format == KvFormat::kFP8DsMla || (p.format == KvFormat::kFP8E4M3 && p.q_dtype == DType::kBF16) ||
                          p.format == KvFormat::kNvFP4DsMla);
     EXPECT_STREQ(variant->name, swapab ? "swapab" : p.q_dtype == DType::kE4M3 ? "h64.ws.q8" : "h64.ws");
@@ -402,6 +403,36 @@ std::vector<Case> cases() {
         add(f, "T200_H32_K1024_qpair", s);
       }
     }
+    if (f != KvFormat::kNvFP4DsMla) {  // swapab N = 32 (17 <= H <= 32; docs/perf-history.md#s14-swapab-n32):
+      // odd H, T = 1 (32 splits), D = 512, counts and sink (in the merge and in the kernel), invalid / duplicate /
+      // out-of-range indices with an all-invalid row, LSE off, T >= 65536, the ring wrapping without a split
+      add(f, "T1_H24_K2048_split", base(f, 1, 24, 2048));
+      {
+        auto s = base(f, 3, 24, 2048);
+        s.rope_dim = 0, s.use_counts = true, s.sink = true;
+        add(f, "T3_H24_K2048_D512_split_counts_sink", s);
+      }
+      {
+        auto s = base(f, 300, 32, 256);  // no split, 4 tiles: both consumers, the ring wraps
+        s.use_counts = true, s.sink = true, s.lse_mode = LseMode::kBase2;
+        add(f, "T300_H32_K256_counts_sink_lse2_nosplit", s);
+      }
+      {
+        auto s = base(f, 5, 32, 500);
+        s.invalid_fraction = 0.6, s.num_rows = 50, s.all_invalid_row = true;
+        add(f, "T5_H32_invalid_duplicates_all_invalid", s);
+      }
+      {
+        auto s = base(f, 64, 17, 1000);  // the tail tile partly masked, an odd tile count per consumer
+        s.lse_mode = LseMode::kOff;
+        add(f, "T64_H17_K1000_lse_off", s);
+      }
+      {
+        auto s = base(f, 65537, 24, 16);
+        s.num_rows = 1 << 16;
+        add(f, "T65537_H24_K16", s);
+      }
+    }
     // Split top-k at the latency shapes (bf16 partials: perf-history s10-partials): 32 splits at T = 1,
     // 2 at T = 32 (H = 128).
     for (int T : {1, 32}) add(f, "T" + std::to_string(T) + "_H128_K2048_split", base(f, T, 128, 2048));
@@ -445,6 +476,11 @@ std::vector<Case> cases() {
       auto s = qbase(4, 48, 200, 0.1f);
       s.q_pair = true, s.sink = true;
       add(f, "qe4m3_T4_H48_qpair_sink", s);
+    }
+    for (int H : {24, 32}) {  // bf16 scores (and fp8_ds_mla's auto): swapab N = 32, the q widened
+      auto s = qbase(3, H, 2048, 0.05f);
+      s.rope_dim = H == 32 ? 0 : 64, s.sink = true;
+      add(f, "qe4m3_T3_H" + std::to_string(H) + "_K2048_D" + std::to_string(512 + s.rope_dim) + "_sink", s);
     }
     {
       auto s = qbase(6, 20, 130, 0.1f);
@@ -499,7 +535,8 @@ std::vector<Case> cases() {
   for (size_t i = first_e4m3_q, n = v.size(); i < n; ++i) {
     const std::string& nm = v[i].name;
     if (nm.find("_T3_H128_K2048") == std::string::npos && nm.find("_qpair_sink") == std::string::npos &&
-        nm.find("_strides_odd") == std::string::npos && nm.find("_D512_lse_off") == std::string::npos)
+        nm.find("_strides_odd") == std::string::npos && nm.find("_D512_lse_off") == std::string::npos &&
+        nm.find("_T3_H32_K2048") == std::string::npos)
       continue;
     if (nm.find("qe4m3_fp8s_") != std::string::npos) continue;
     Case c = v[i];
@@ -645,7 +682,10 @@ TEST(SparseMlaQuantReport, ErrorAgainstBf16Cache) {
 TEST(SwapAbFp8Pv, RowScalesOverARange) {
   REQUIRE_GPU();
   constexpr smla::RowLayout l = smla::row_layout(KvFormat::kFP8DsMla);
-  for (const auto& [T, H, K] : {std::array<int, 3>{4, 16, 2048}, {64, 8, 300}, {300, 16, 256}, {3, 1, 77}}) {
+  // (H = 24, 32: N = 32, whose two P^T buffers take tiles 2, 3 after 0, 1 with their scales re-read:
+  // docs/perf-history.md#s14-swapab-n32)
+  for (const auto& [T, H, K] : {std::array<int, 3>{4, 16, 2048}, {64, 8, 300}, {300, 16, 256}, {3, 1, 77},
+                                {3, 32, 2048}, {300, 24, 256}}) {
     ProblemSpec s = base(KvFormat::kFP8DsMla, T, H, K);
     s.softmax_scale *= 0.25f;  // scores of real size although rows grow up to 4x
     s.use_counts = T == 300;

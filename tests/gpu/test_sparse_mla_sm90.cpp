@@ -267,12 +267,12 @@ TEST(SparseMlaSm90Edge, SplitAndNoSplitAgree) {
 }
 
 // Two identical runs (split and not split) are bit-identical (bf16 H = 64; fp8_ds_mla H = 16 and
-// 32: the swap-AB kernel at H = 16; nvfp4_ds_mla H = 16: swapab).
+// 32: the swap-AB kernel, N = 16 and N = 32; fp8_e4m3 H = 24: swapab N = 32; nvfp4_ds_mla H = 16: swapab).
 TEST(SparseMlaSm90Edge, Deterministic) {
   REQUIRE_GPU();
   for (int64_t T : {int64_t(2), int64_t(300)})
   for (auto [f, H] : {std::pair{KvFormat::kBF16, 64}, std::pair{KvFormat::kFP8DsMla, 16}, std::pair{KvFormat::kFP8DsMla, 32},
-                      std::pair{KvFormat::kNvFP4DsMla, 16}}) {
+                      std::pair{KvFormat::kFP8E4M3, 24}, std::pair{KvFormat::kNvFP4DsMla, 16}}) {
     auto s = base(T, H, 1000);
     s.format = f;
     s.sink = true;
@@ -288,11 +288,12 @@ TEST(SparseMlaSm90Edge, Deterministic) {
 }
 
 // A captured graph replays the direct launch bit for bit (no allocation or sync inside): bf16, and
-// fp8_ds_mla (H = 16: the swap-AB kernel), nvfp4_ds_mla H = 16 (swapab).
+// fp8_ds_mla (H = 16 and 32: the swap-AB kernel, N = 16 and 32), fp8_e4m3 H = 24 (swapab N = 32),
+// nvfp4_ds_mla H = 16 (swapab).
 TEST(SparseMlaSm90Edge, GraphCaptureReplays) {
   REQUIRE_GPU();
   for (auto [f, H] : {std::pair{KvFormat::kBF16, 32}, std::pair{KvFormat::kFP8DsMla, 16}, std::pair{KvFormat::kFP8DsMla, 32},
-                      std::pair{KvFormat::kNvFP4DsMla, 16}}) {
+                      std::pair{KvFormat::kFP8E4M3, 24}, std::pair{KvFormat::kNvFP4DsMla, 16}}) {
   SCOPED_TRACE(std::string(smla::to_string(f)) + " H = " + std::to_string(H));
   auto spec = base(3, H, 700);
   spec.format = f;
@@ -392,18 +393,21 @@ TEST(SparseMlaSm90Routing, Variants) {
     const smla::CudaVariant* v = smla::cuda_variant_for(g, smla::any_sm90_device());
     return std::string(v != nullptr ? v->name : "none");
   };
-  const int hmax = smla::kSwapAbMaxHeads;  // swapab's H limit (16)
-  for (int H : {1, 16, 17, 20, 31, 32, 33, 64, 96, 128}) {
+  // swapab's H limits: fp8_ds_mla and fp8_e4m3 32 (N = 32 above 16 heads: docs/perf-history.md#s14-swapab-n32),
+  // nvfp4_ds_mla 16
+  const int hmax = smla::kSwapAbMaxHeads;
+  ASSERT_EQ(hmax, 32);
+  for (int H : {1, 16, 17, 20, 24, 31, 32, 33, 64, 96, 128}) {
     EXPECT_EQ(variant(KvFormat::kBF16, H, DType::kBF16), "h64.ws") << H;
     EXPECT_EQ(variant(KvFormat::kFP16, H, DType::kFP16), "h64.ws") << H;
-    // fp8_e4m3 rows: the swap-AB kernel at H <= 16
+    // fp8_e4m3 rows: the swap-AB kernel at H <= 32
     const std::string e4 = H <= hmax ? "swapab" : "h64.ws";
     EXPECT_EQ(variant(KvFormat::kFP8E4M3, H, DType::kBF16), e4) << H;
-    // fp8_ds_mla with a bf16 q at H <= 16: the swap-AB kernel.
+    // fp8_ds_mla with a bf16 q at H <= 32: the swap-AB kernel.
     const std::string ds = H <= hmax ? "swapab" : "h64.ws";
     EXPECT_EQ(variant(KvFormat::kFP8DsMla, H, DType::kBF16), ds) << H;
     // nvfp4_ds_mla rows: the swap-AB kernel at H <= 16 (session 12)
-    const std::string nv = H <= hmax ? "swapab" : "h64.ws";
+    const std::string nv = H <= 16 ? "swapab" : "h64.ws";
     EXPECT_EQ(variant(KvFormat::kNvFP4DsMla, H, DType::kBF16), nv) << H;
     EXPECT_EQ(variant(KvFormat::kNvFP4DsMla, H, DType::kBF16, smla::ScorePrecision::kBF16), nv) << H;
     // A 16-bit q: auto and an explicit bf16 are the same path.
@@ -411,9 +415,9 @@ TEST(SparseMlaSm90Routing, Variants) {
     EXPECT_EQ(variant(KvFormat::kFP16, H, DType::kFP16, smla::ScorePrecision::kBF16), "h64.ws") << H;
   }
   const auto fp8 = smla::ScorePrecision::kFP8, bf16 = smla::ScorePrecision::kBF16;
-  for (int H : {1, 16, 20, 32, 64, 128}) {
+  for (int H : {1, 16, 17, 20, 32, 33, 64, 128}) {
     // An e4m3 q: scored on the fp8 tensor cores by default (auto) or on request, widened to bf16
-    // exactly when bf16 scores are asked for; fp8_ds_mla at H <= 16: widened on the swap-AB kernel
+    // exactly when bf16 scores are asked for; fp8_ds_mla at H <= 32: widened on the swap-AB kernel
     // under auto and bf16 (faster there), fp8 tensor cores only on request.
     const bool ds_small = H <= hmax;
     EXPECT_EQ(variant(KvFormat::kFP8E4M3, H, DType::kE4M3), "h64.ws.q8") << H;

@@ -705,7 +705,15 @@ def test_kernel_for_names_the_score_variant():
     assert smla.kernel_for(16, 2048, format="fp8_e4m3", q_dtype="e4m3", score_precision="bf16").endswith("/swapab")
     assert smla.kernel_for(16, 2048, format="fp8_e4m3", q_dtype="e4m3").endswith("/h64.ws.q8")
     assert smla.kernel_for(16, 2048, format="nvfp4_ds_mla").endswith("/swapab")
-    assert smla.kernel_for(17, 2048, format="fp8_ds_mla").endswith("/h64.ws")
+    # 17 <= H <= 32: swapab at N = 32 for fp8_ds_mla and fp8_e4m3 (session 14); nvfp4_ds_mla stays on h64.ws
+    for h in (17, 24, 32):
+        assert smla.kernel_for(h, 2048, format="fp8_ds_mla").endswith("/swapab")
+        assert smla.kernel_for(h, 2048, format="fp8_ds_mla", q_dtype="e4m3").endswith("/swapab")
+        assert smla.kernel_for(h, 2048, format="fp8_e4m3").endswith("/swapab")
+        assert smla.kernel_for(h, 2048, format="fp8_e4m3", q_dtype="e4m3").endswith("/h64.ws.q8")
+        assert smla.kernel_for(h, 2048, format="nvfp4_ds_mla").endswith("/h64.ws")
+    assert smla.kernel_for(33, 2048, format="fp8_ds_mla").endswith("/h64.ws")
+    assert smla.kernel_for(33, 2048, format="fp8_e4m3").endswith("/h64.ws")
     # no variant computes fp8 scores from a bf16 q: the kernel family alone
     assert smla.kernel_for(64, 2048, format="fp8_ds_mla", score_precision="fp8") == base
     assert smla.kernel_name(64, 2048, format="fp8_ds_mla", q_dtype="e4m3") == base

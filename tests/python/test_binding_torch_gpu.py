@@ -478,10 +478,10 @@ def test_fp8_scores_plan_run_matches_cpu_reference(fmt, T, H, K, N):
     assert reason == "", reason
     assert smla.kernel_for(H, K, format=fmt, q_dtype="e4m3", score_precision="fp8",
                            device=0) == f"sm90/sparse_mla/{fmt}_d576/h64.ws.q8"
-    # fp8_ds_mla at H <= 16: auto and bf16 scores run the swap-AB kernel, the q widened exactly (perf-history s11)
-    # fp8_e4m3 at H <= 16: bf16 scores run it too (session 12), auto stays on the fp8 tensor cores
-    small = fmt == "fp8_ds_mla" and H <= 16
-    small_bf16 = H <= 16
+    # fp8_ds_mla at H <= 32: auto and bf16 scores run the swap-AB kernel, the q widened exactly (perf-history s11,
+    # s14-swapab-n32); fp8_e4m3 at H <= 32: bf16 scores run it too (session 12), auto stays on the fp8 tensor cores
+    small = fmt == "fp8_ds_mla" and H <= 32
+    small_bf16 = H <= 32
     assert smla.kernel_for(H, K, format=fmt, q_dtype="e4m3", device=0).endswith(
         "/swapab" if small else "/h64.ws.q8")  # auto
     assert smla.kernel_for(H, K, format=fmt, q_dtype="e4m3", score_precision="bf16", device=0).endswith(
@@ -532,7 +532,7 @@ def test_fp8_scores_plan_run_matches_cpu_reference(fmt, T, H, K, N):
     # the plan's precision travels in the params it builds: a bf16-score plan gives the h64.ws
     # result (within the bf16 bar), the one-call path and the custom op take the keyword too;
     # the default (auto) plan, one call and op run h64.ws.q8: the fp8 plan's result, bit for bit
-    # (fp8_ds_mla at H <= 16: swapab, the bf16 plan's result bit for bit, checked below)
+    # (fp8_ds_mla at H <= 32: swapab, the bf16 plan's result bit for bit, checked below)
     plan_auto = smla.Plan(H, K, format=fmt, q_dtype="e4m3", max_rows=T)
     assert plan_auto.score_precision == "auto"
     out_a = torch.empty_like(out)

@@ -20,7 +20,7 @@ const std::vector<Command>& commands() {
         {"rope-dim", "R", "64 (D = 576, default) or 0 (D = 512)"},
         {"sink", nullptr, "per-head sink logits on"},
         {"score", "auto|bf16|fp8",
-         "score precision: auto (default: fp8 for an e4m3 q with an fp8 cache except fp8_ds_mla at H <= 16, else "
+         "score precision: auto (default: fp8 for an e4m3 q with an fp8 cache except fp8_ds_mla at H <= 32, else "
          "bf16), bf16, or fp8 (fp8 tensor cores; an e4m3 q with an fp8 cache)"}}},
       {"check", nullptr, 0, "random problems through every backend against the float64 reference",
        {{"seed", "N", "random seed (default 1234)"}, {"quick", nullptr, "the short list of cases"}}},
@@ -29,7 +29,7 @@ const std::vector<Command>& commands() {
         {"format", "F", "KV format (default bf16)"},
         {"q", "e4m3", "an e4m3 q (fp8_e4m3 and fp8_ds_mla caches)"},
         {"score", "auto|bf16|fp8",
-         "score precision (cuda): auto (default: fp8 with --q e4m3 except fp8_ds_mla at H <= 16, else bf16), bf16, or fp8 "
+         "score precision (cuda): auto (default: fp8 with --q e4m3 except fp8_ds_mla at H <= 32, else bf16), bf16, or fp8 "
          "(needs --q e4m3)"},
         {"heads", "H[,H...]", "query heads per case (cuda default 128,64,32,16,8; cpu 16)"},
         {"T", "T[,T...]", "query rows per case (cuda default 1,32,128,512,4096; cpu 4)"},

@@ -80,11 +80,22 @@ int num_splits_for(const SparseMlaParams& p, int num_sms) {
 using LaunchFn = void (*)(const k::KernelParams& kp, KvFormat format, cudaStream_t s);
 
 void launch_swapab(const k::KernelParams& kp, KvFormat format, cudaStream_t s) {
-  if (kp.num_heads > kSwapAbMaxHeads) fail("swapab runs H <= 16");  // unreachable: supports() refuses
-  if (format == KvFormat::kFP8DsMla) k::launch_swapab<16, KvFormat::kFP8DsMla>(kp, s);
-  else if (format == KvFormat::kFP8E4M3) k::launch_swapab<16, KvFormat::kFP8E4M3>(kp, s);
-  else if (format == KvFormat::kNvFP4DsMla) k::launch_swapab<16, KvFormat::kNvFP4DsMla>(kp, s);
-  else fail("swapab reads fp8_ds_mla, fp8_e4m3 or nvfp4_ds_mla rows only");  // unreachable: supports() refuses
+  // N = 16 heads per block for H <= 16, N = 32 for 17 <= H <= 32 (fp8_ds_mla, fp8_e4m3); one block per token
+  // and split either way (kp.head_groups = 1)
+  if (kp.num_heads > swapab_max_heads(format) || kp.head_groups != 1)
+    fail("swapab runs H <= " + std::to_string(swapab_max_heads(format)));  // unreachable: supports() refuses
+  const bool n16 = kp.num_heads <= 16;
+  if (format == KvFormat::kFP8DsMla) {
+    if (n16) k::launch_swapab<16, KvFormat::kFP8DsMla>(kp, s);
+    else k::launch_swapab<32, KvFormat::kFP8DsMla>(kp, s);
+  } else if (format == KvFormat::kFP8E4M3) {
+    if (n16) k::launch_swapab<16, KvFormat::kFP8E4M3>(kp, s);
+    else k::launch_swapab<32, KvFormat::kFP8E4M3>(kp, s);
+  } else if (format == KvFormat::kNvFP4DsMla) {
+    k::launch_swapab<16, KvFormat::kNvFP4DsMla>(kp, s);
+  } else {
+    fail("swapab reads fp8_ds_mla, fp8_e4m3 or nvfp4_ds_mla rows only");  // unreachable: supports() refuses
+  }
 }
 
 void launch_h64_ws(const k::KernelParams& kp, KvFormat format, cudaStream_t s) {

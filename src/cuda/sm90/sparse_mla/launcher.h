@@ -14,7 +14,7 @@ namespace smla::cuda::sm90::sparse_mla {
 template <typename Elem, KvFormat kFormat, bool kQ8 = false>
 void launch_ws(const KernelParams& p, cudaStream_t stream);
 // The small-H swap-AB kernel (swapab.cuh): fp8_ds_mla, fp8_e4m3 or nvfp4_ds_mla rows, a bf16 (or e4m3,
-// widened; fp8 rows) q, kN (16) heads per block, H <= kN (p.head_groups = 1).
+// widened; fp8 rows) q, kN (16, or 32 for fp8_ds_mla / fp8_e4m3) heads per block, H <= kN (p.head_groups = 1).
 template <int kN, KvFormat kFormat>
 void launch_swapab(const KernelParams& p, cudaStream_t stream);
 // The split-K merge, a programmatic dependent launch behind launch_ws.

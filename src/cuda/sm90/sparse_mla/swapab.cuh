@@ -1,11 +1,11 @@
 // SM90 sparse MLA, the small-H "swap AB" kernel for fp8_ds_mla rows and a bf16 q (or an e4m3 q,
-// widened to bf16 exactly when Q is staged; H <= 16): the
-// rows, not the heads, are the wgmma M dimension, so N = 16 and nothing is padded to 64 heads
-// (docs/perf-history.md#s11-swapab: the paper bound, the runs, the variants tried). Also fp8_e4m3 rows
+// widened to bf16 exactly when Q is staged): the rows, not the heads, are the wgmma M dimension, so
+// N = 16 (H <= 16) or N = 32 (17 <= H <= 32, fp8_ds_mla and fp8_e4m3) and nothing is padded to 64 heads
+// (docs/perf-history.md#s11-swapab: the paper bound, the runs, the variants tried; #s14-swapab-n32: N = 32). Also fp8_e4m3 rows
 // and nvfp4_ds_mla rows (its block scales applied as K and V are converted: swapab_nvfp4.h,
 // docs/perf-history.md#s12-swapab-nvfp4).
 //
-// One block per (token, top-k split), H <= 16 (heads past H masked). 3 warpgroups:
+// One block per (token, top-k split), H <= N (heads past H masked). 3 warpgroups:
 //   warpgroup 2: the producer. 16-byte cp.async of each valid 656-byte row into a ring of kStages
 //     raw stages (row stride 672 bytes: the bank spread of the loads below), completion on the
 //     stage's "full" mbarrier (every thread's copies, and the stage's valid-row mask stored in
@@ -58,9 +58,10 @@ template <int kN, KvFormat kF = KvFormat::kFP8DsMla>
 struct SwabConfig {
   static_assert(kF == KvFormat::kFP8DsMla || kF == KvFormat::kFP8E4M3 || kF == KvFormat::kNvFP4DsMla,
                 "swapab reads fp8_ds_mla, fp8_e4m3 or nvfp4_ds_mla rows");
-  // N = 32 (H <= 32, three stages) ran slower than h64.ws and its odd stage count broke the ring
-  // (docs/perf-history.md#s11-swapab-run1): N = 16 only.
-  static_assert(kN == 16, "N of the swap-AB wgmma: 16 heads");
+  // N = 32 (17 <= H <= 32; fp8_ds_mla and fp8_e4m3): O^T is 128 registers a thread, so S and P V run in
+  // smaller pieces (scores32, pv8_by_tile), and fp8_ds_mla keeps two P^T per consumer, not four
+  // (docs/perf-history.md#s14-swapab-n32; session 11's N = 32 with three stages: #s11-swapab-run1).
+  static_assert(kN == 16 || kN == 32, "N of the swap-AB wgmma: 16 or 32 heads");
   static constexpr int kThreads = 3 * 128;
   static constexpr int kConsumerRegs = 232;
   static constexpr int kProducerRegs = 40;
@@ -76,9 +77,14 @@ struct SwabConfig {
   static constexpr int kRowStride = kF == KvFormat::kFP8DsMla ? 672 : kF == KvFormat::kFP8E4M3 ? 608 : 352;
   static constexpr int kStageBytes = kBlockK * kRowStride;
   static constexpr int kOperandBytes = kN * 128;  // one (kN heads x 64 k) bf16 swizzled B operand
+  // P^T matrices per consumer: N = 16 four (one per latent tile j; fp8_e4m3 and nvfp4_ds_mla use the first).
+  // N = 32 (17 <= H <= 32): four 42 KiB stages, Q^T 36 KiB and 2 x 4 P^T of 4 KiB would be 236 KiB, so
+  // fp8_ds_mla keeps two, tiles j and j + 2 in turn (P V of j = 0, 1 read, then 2, 3 written), fp8_e4m3 one
+  // (docs/perf-history.md#s14-swapab-n32).
+  static constexpr int kPBufs = kN == 16 ? 4 : kF == KvFormat::kFP8DsMla ? 2 : 1;
   struct SharedStorage {
     alignas(1024) uint8_t q[9][kOperandBytes];     // Q^T: chunk c (dims 64c.., 8 = RoPE) of kN heads, permuted
-    alignas(1024) uint8_t p[2][4][kOperandBytes];  // [consumer][latent tile j] P^T * scale_j * 2^56 (only j = 0 without row scales)
+    alignas(1024) uint8_t p[2][kPBufs][kOperandBytes];  // [consumer][latent tile j] P^T * scale_j * 2^56 (only j = 0 without row scales)
     alignas(128) uint8_t kv[kStages][kStageBytes];  // raw rows; at the end consumer 1's O in its stages
     uint64_t valid[kStages][4];                     // [stage][producer warp] bit i: slot i holds a row
     float qfac[kN];                                 // scale_log2 * 2^(120 - e_h)
@@ -160,6 +166,25 @@ __device__ __forceinline__ void wgmma_rs8(float (&d)[8], const uint32_t (&a)[4],
       "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, "
       "p, 1, 1;\n}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
+}
+// N = 32: D(64 x 32, fp32) (+)= A B, the same operands with 32 heads.
+__device__ __forceinline__ void wgmma_rs16(float (&d)[16], const uint32_t (&a)[4], uint64_t desc_b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, "
+      "%14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
+}
+__device__ __forceinline__ void wgmma_rs8(float (&d)[16], const uint32_t (&a)[4], uint64_t desc_b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, "
+      "%14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
 }
 __device__ __forceinline__ uint32_t redux_max(uint32_t v) {
@@ -393,7 +418,10 @@ struct SwabConsumer {
   // contiguous: fp8_e4m3 one 16-byte load a row (conflict-free: 608-byte rows put the four rows of a
   // quarter-warp 8 banks apart), nvfp4_ds_mla one block a row (8 bytes and one scale byte,
   // swapab_nvfp4.h). The same products per (dim, head), in the same k order.
-  static constexpr bool kV16 = kF != KvFormat::kFP8DsMla;
+  // N = 32 (pv8_by_tile: one 4-byte load per row and tile j) takes fp8_ds_mla's mapping for fp8_e4m3 too:
+  // its 4-byte loads are then conflict-free at 608-byte rows (word 24 slot + 8 w + g mod 32), where 16 (8 w +
+  // g) + 4 j would put a warp's 32 loads on 8 banks.
+  static constexpr bool kV16 = kF != KvFormat::kFP8DsMla && kN == 16;
   __host__ __device__ static constexpr int dim0(int j, int w, int g) {
     return kV16 ? 16 * (8 * w + g) + 4 * j : 128 * j + 4 * (8 * w + g);
   }
@@ -549,6 +577,95 @@ struct SwabConsumer {
     }
   }
 
+  // N = 32 (O^T holds 128 registers: one A chunk of 4 k-steps converted while the previous one runs, one
+  // chain accumulator): the same products as scores(). fp8_e4m3 (no row scales, RoPE in the latent's
+  // units): every k-step into x; fp8_ds_mla: chain j into acc, then x += scale_j * acc.
+  __device__ __forceinline__ static void scores32(uint32_t kv, uint32_t q_base, int slot0, int slot1, int t, bool rope,
+                                                  float (&x)[kNH], float4 (&esc)[2]) {
+    static_assert(!kNv, "N = 32: fp8_ds_mla and fp8_e4m3");
+    const uint32_t r0 = kv + uint32_t(slot0 * Cfg::kRowStride), r1 = kv + uint32_t(slot1 * Cfg::kRowStride);
+    const uint32_t k0 = r0 + uint32_t(16 * t), k1 = r1 + uint32_t(16 * t);
+    const uint64_t qd = ptx::sw128_desc(q_base, 16, 1024);
+    constexpr uint32_t kChunk = uint32_t(Cfg::kOperandBytes >> 4);
+    // 64-dim chunk ch (0..7 latent; 8 the e4m3 RoPE): 4 k-steps
+    auto convert = [&](int ch, uint32_t(&a)[4][4]) {
+      uint32_t u0[4], u1[4];
+      const uint32_t off = ch < 8 ? uint32_t(ch * 64) : uint32_t(kRopeE4m3);
+      swab::lds128(u0, k0 + off);
+      swab::lds128(u1, k1 + off);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        a[k][0] = swab::e4m3x2_bits<swab::kSelLo>(u0[k], u0[k]);
+        a[k][1] = swab::e4m3x2_bits<swab::kSelLo>(u1[k], u1[k]);
+        a[k][2] = swab::e4m3x2_bits<swab::kSelHi>(u0[k], u0[k]);
+        a[k][3] = swab::e4m3x2_bits<swab::kSelHi>(u1[k], u1[k]);
+      }
+    };
+    auto issue = [&](int ch, uint32_t(&a)[4][4], float(&d)[kNH], bool first) {
+      ptx::wgmma_fence();
+#pragma unroll
+      for (int k = 0; k < 4; ++k) swab::wgmma_rs16(d, a[k], qd + uint32_t(ch) * kChunk + uint32_t(2 * k), first && k == 0 ? 0 : 1);
+      ptx::wgmma_commit();
+    };
+    uint32_t a[2][4][4];
+    if constexpr (!kDs) {
+#pragma unroll
+      for (int ch = 0; ch < 9; ++ch) {  // (x needs no zeroing: the first k-step overwrites it)
+        if (ch == 8 && !rope) break;
+        if (ch >= 2) {
+          ptx::wgmma_wait<1>();
+          swab::fence_a(a[ch & 1]);
+        }
+        convert(ch, a[ch & 1]);
+        issue(ch, a[ch & 1], x, ch == 0);
+      }
+      ptx::wgmma_wait<0>();
+      swab::fence_a(a[0]);
+      swab::fence_a(a[1]);
+      ptx::fence_operands(x);
+    } else {
+#pragma unroll
+      for (int i = 0; i < kNH; ++i) x[i] = 0.0f;
+      float acc[kNH];
+      // (the rows' scale of tile j loaded per chain, and all four again at the end for P: 8 registers
+      // fewer through S than holding them)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        convert(2 * j, a[0]);
+        issue(2 * j, a[0], acc, true);
+        convert(2 * j + 1, a[1]);
+        issue(2 * j + 1, a[1], acc, false);
+        ptx::wgmma_wait<0>();
+        ptx::fence_operands(acc);
+        swab::fence_a(a[0]);
+        swab::fence_a(a[1]);
+        const float scl[2] = {__uint_as_float(swab::lds32(r0 + uint32_t(512 + 4 * j))),
+                              __uint_as_float(swab::lds32(r1 + uint32_t(512 + 4 * j)))};
+#pragma unroll
+        for (int i = 0; i < kNH; ++i) x[i] = fmaf(acc[i], scl[(i >> 1) & 1], x[i]);
+      }
+      if (rope) {  // bf16 RoPE at bytes 528..655, lane t's dims [16 t, 16 t + 16), 2 per word
+        uint32_t ar[4][4];
+        uint32_t v0[8], v1[8];
+        swab::lds128(*reinterpret_cast<uint32_t(*)[4]>(&v0[0]), r0 + 528 + 32 * t);
+        swab::lds128(*reinterpret_cast<uint32_t(*)[4]>(&v0[4]), r0 + 544 + 32 * t);
+        swab::lds128(*reinterpret_cast<uint32_t(*)[4]>(&v1[0]), r1 + 528 + 32 * t);
+        swab::lds128(*reinterpret_cast<uint32_t(*)[4]>(&v1[4]), r1 + 544 + 32 * t);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) ar[k][0] = v0[2 * k], ar[k][1] = v1[2 * k], ar[k][2] = v0[2 * k + 1], ar[k][3] = v1[2 * k + 1];
+        issue(8, ar, acc, true);
+        ptx::wgmma_wait<0>();
+        ptx::fence_operands(acc);
+        swab::fence_a(ar);
+        constexpr float kRope = 7.52316384526264e-37f;  // 2^-120: the latent chains' units against the RoPE's
+#pragma unroll
+        for (int i = 0; i < kNH; ++i) x[i] = fmaf(acc[i], kRope, x[i]);
+      }
+      esc[0] = swab::lds128f(r0 + 512);
+      esc[1] = swab::lds128f(r1 + 512);
+    }
+  }
+
   // O^T += V^T P^T for the tile in stage `kv`: lane (w, g, t) holds dims dim0(j, w, g) + 2 h + r
   // (m-tile mt = 2 j + h, fragment row g + 8 r) and reads 4 bytes of each of its 16 rows per j.
   // Arrives on `empty` once its last load is done (A lives in registers).
@@ -666,6 +783,52 @@ struct SwabConsumer {
       for (int i = 0; i < kNH; ++i) o[mt][i] = fmaf(acc[mt][i], inv_f[kPTiles == 4 ? mt >> 1 : 0], o[mt][i]);
     }
   }
+  // kP8, N = 32 (O^T is 128 registers: no room for a fresh accumulator of all 8 m-tiles): one latent tile j
+  // at a time, m-tiles 2 j and 2 j + 1 into a fresh accumulator (32 registers), promoted before the next j.
+  // The same products per (dim, head) in the same k order as pv8. Arrives on `empty` after its last load.
+  template <int kJ0, int kJ1>
+  __device__ __forceinline__ static void pv8_by_tile(uint32_t kv, int w, int g, int t, uint32_t p_base,
+                                                     const float (&inv_f)[kPTiles], uint32_t empty, float (&o)[8][kNH]) {
+    if constexpr (kPTiles == 4) asm volatile("" : "+r"(p_base));
+    const uint64_t pd = ptx::sw128_desc(p_base, 16, 1024);
+#pragma unroll
+    for (int j = kJ0; j < kJ1; ++j) {
+      const uint32_t pj = kPTiles == 4 ? uint32_t(j % Cfg::kPBufs) * uint32_t(Cfg::kOperandBytes >> 4) : 0u;
+      uint32_t a[2][2][4];  // [k32 step][m-tile 2 j + h]
+#pragma unroll
+      for (int st = 0; st < 2; ++st) {  // (per k32 step: 8 words live, not 16)
+        uint32_t wd[2][4];  // [k16 block 2 st + half][word c]: 4 bytes at dims dim0(j) .. + 3 of row_of_word(kk, t, c)
+#pragma unroll
+        for (int half = 0; half < 2; ++half)
+#pragma unroll
+          for (int c = 0; c < 4; ++c)
+            wd[half][c] = swab::lds32(
+                kv + uint32_t(swab::slot_of(swp8::row_of_word(2 * st + half, t, c)) * Cfg::kRowStride) +
+                uint32_t(dim0(j, w, g)));
+        if (j == 3 && st == 1) ptx::mbar_arrive(empty);  // (after the tile's last loads)
+        swp8::v_fragments_tile(wd, a[st]);
+      }
+      float acc[2][kNH];
+      ptx::wgmma_fence();
+#pragma unroll
+      for (int st = 0; st < 2; ++st)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          swab::wgmma_rs8(acc[h], a[st][h], pd + pj + uint32_t(2 * st), st);
+          swab::wgmma_rs8(acc[h], a[st][h], pd + pj + uint32_t(2 * st + 4), 1);
+        }
+      ptx::wgmma_commit();
+      ptx::wgmma_wait<0>();
+      swab::fence_a(a[0]);
+      swab::fence_a(a[1]);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        ptx::fence_operands(acc[h]);
+#pragma unroll
+        for (int i = 0; i < kNH; ++i) o[2 * j + h][i] = fmaf(acc[h][i], inv_f[kPTiles == 4 ? j : 0], o[2 * j + h][i]);
+      }
+    }
+  }
   // kP8: the words of k16 block kk as pv_convert loads them: wd[c][j].
   __device__ __forceinline__ static void pv_load_block(uint32_t kv, int w, int g, int t, int kk, uint32_t (&wd)[4][4]) {
     const uint32_t col = uint32_t(dim0(0, w, g));
@@ -689,9 +852,12 @@ struct SwabConsumer {
     const bool rope = p.k_steps > kLatent / 16;
     const int m0 = 16 * warp + g, m1 = m0 + 8;  // this lane's S^T rows (logical)
     const int slot0 = swab::slot_of(m0), slot1 = swab::slot_of(m1);
-    float qf[kNB][2];
+    // the heads' q factors; N = 32: read from shared memory per tile (8 registers less over the loop)
+    float qf[kN == 16 ? kNB : 1][2];
+    if constexpr (kN == 16) {
 #pragma unroll
-    for (int i = 0; i < kNB; ++i) qf[i][0] = s.qfac[8 * i + 2 * t], qf[i][1] = s.qfac[8 * i + 2 * t + 1];
+      for (int i = 0; i < kNB; ++i) qf[i][0] = s.qfac[8 * i + 2 * t], qf[i][1] = s.qfac[8 * i + 2 * t + 1];
+    }
     float o[8][kNH];
 #pragma unroll
     for (int mt = 0; mt < 8; ++mt)
@@ -715,15 +881,24 @@ struct SwabConsumer {
       }
       float x[kNH];
       float4 esc[2];  // fp8_ds_mla: the rows' tile scales (S's chains, then P)
-      scores(kv, q_base, slot0, slot1, t, rope, x, esc);
+      if constexpr (kN == 32) scores32(kv, q_base, slot0, slot1, t, rope, x, esc);
+      else scores(kv, q_base, slot0, slot1, t, rope, x, esc);
       // x[4 i + 2 r + e]: row m_r, head 8 i + 2 t + e. Scores in the log2 domain, masked rows -inf.
       float mx[kNB][2];
 #pragma unroll
-      for (int i = 0; i < kNB; ++i)
+      for (int i = 0; i < kNB; ++i) {
+        float qfi[2];
+        if constexpr (kN == 16) {
+          qfi[0] = qf[i][0], qfi[1] = qf[i][1];
+        } else {
+          uint32_t b[2];
+          swnv::lds64(b, ptx::smem_addr(s.qfac) + uint32_t(4 * (8 * i + 2 * t)));
+          qfi[0] = __uint_as_float(b[0]), qfi[1] = __uint_as_float(b[1]);
+        }
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          const float s0 = v0 ? x[4 * i + e] * qf[i][e] : -INFINITY;
-          const float s1 = v1 ? x[4 * i + 2 + e] * qf[i][e] : -INFINITY;
+          const float s0 = v0 ? x[4 * i + e] * qfi[e] : -INFINITY;
+          const float s1 = v1 ? x[4 * i + 2 + e] * qfi[e] : -INFINITY;
           x[4 * i + e] = s0, x[4 * i + 2 + e] = s1;
           float m = fmaxf(s0, s1);
           m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 4));
@@ -731,6 +906,7 @@ struct SwabConsumer {
           m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 16));
           mx[i][e] = m;
         }
+      }
       const int par = iter & 1;
       if constexpr (kP8 && kDs) {  // the warp's max |scale_j| over its rows (bits of positive floats), j = 0..3;
                                     // a masked row's scales are 0 (the producer zeroes its slot)
@@ -798,12 +974,11 @@ struct SwabConsumer {
         for (int i = 0; i < kNB; ++i)
 #pragma unroll
           for (int e = 0; e < 2; ++e) ph[i][e] = swp8::pack_f16x2(x[4 * i + e], x[4 * i + 2 + e]);
-#pragma unroll
-        for (int j = 0; j < kPTiles; ++j) {
+        auto write_p = [&](int j, float sc0, float sc1) {  // sc0, sc1: the rows' scale of tile j (fp8_ds_mla)
           // (a masked row: P = 0 and, fp8_ds_mla, its zeroed slot's scale 0)
-          const float f0 = kDs ? s0[j] * tf[j] : tf[j], f1 = kDs ? s1[j] * tf[j] : tf[j];
+          const float f0 = kDs ? sc0 * tf[j] : tf[j], f1 = kDs ? sc1 * tf[j] : tf[j];
           const uint32_t sp = swp8::pack_f16x2(f0, f1);
-          const uint32_t pb = ptx::smem_addr(s.p[c][j]);
+          const uint32_t pb = ptx::smem_addr(s.p[c][j % Cfg::kPBufs]);
 #pragma unroll
           for (int q4 = 0; q4 < kNB / 2; ++q4) {  // matrices (ib, half) for ib = 2 q4, 2 q4 + 1; half 0 hi, 1 lo
             uint32_t r4[4];
@@ -817,6 +992,23 @@ struct SwabConsumer {
             const int h = 8 * ib + (lane & 7);
             swab::stmatrix_x4_trans(pb + uint32_t(h * 128 + (((4 * hl + warp) ^ (h & 7)) << 4)), r4);
           }
+        };
+        if constexpr (kN == 32 && kDs) {
+          // two P^T buffers: tiles 0, 1, their P V, then 2, 3 over them once every warp's P V has read them
+          write_p(0, s0[0], s1[0]);
+          write_p(1, s0[1], s1[1]);
+          ptx::fence_proxy_async_smem();
+          ptx::named_sync(bar_wg, 128);
+          pv8_by_tile<0, 2>(kv, warp, g, t, ptx::smem_addr(s.p[c][0]), inv_tf, ws_bar(s.empty[st]), o);
+          ptx::named_sync(bar_wg, 128);
+          // the rows' scales of tiles 2, 3 again from the stage (still held: registers are short here)
+          const float4 e0 = swab::lds128f(kv + uint32_t(slot0 * Cfg::kRowStride + 512));
+          const float4 e1 = swab::lds128f(kv + uint32_t(slot1 * Cfg::kRowStride + 512));
+          write_p(2, e0.z, e1.z);
+          write_p(3, e0.w, e1.w);
+        } else {
+#pragma unroll
+          for (int j = 0; j < kPTiles; ++j) write_p(j, s0[j], s1[j]);
         }
       } else {
       // P^T * scale_j * 2^56 (0 for masked rows: their stale scale is never multiplied) as the
@@ -847,7 +1039,9 @@ struct SwabConsumer {
       }
       ptx::fence_proxy_async_smem();
       ptx::named_sync(bar_wg, 128);
-      if constexpr (kP8) {
+      if constexpr (kP8 && kN == 32) {
+        pv8_by_tile<kDs ? 2 : 0, 4>(kv, warp, g, t, ptx::smem_addr(s.p[c][0]), inv_tf, ws_bar(s.empty[st]), o);
+      } else if constexpr (kP8) {
         const uint32_t empty = ws_bar(s.empty[st]);
         pv8([&](int s2, uint32_t(&wd)[2][4][4]) {
               pv_load_block(kv, warp, g, t, 2 * s2, wd[0]);
@@ -1026,10 +1220,10 @@ inline int swapab_diag_mode() {
   return mode;
 }
 
-// N = 16 (16 heads per block, H <= 16).
+// N = 16 (16 heads per block, H <= 16) or 32 (17 <= H <= 32; fp8_ds_mla, fp8_e4m3).
 template <int kN, KvFormat kF>
 void launch_swapab(const KernelParams& p, cudaStream_t stream) {
-  if constexpr (kF == KvFormat::kFP8DsMla) {  // (the timing-only modes: fp8_ds_mla only)
+  if constexpr (kF == KvFormat::kFP8DsMla && kN == 16) {  // (the timing-only modes: fp8_ds_mla N = 16 only)
     switch (swapab_diag_mode()) {
       case 1: return launch_swapab_mode<kN, 1, kF>(p, stream);
       case 2: return launch_swapab_mode<kN, 2, kF>(p, stream);

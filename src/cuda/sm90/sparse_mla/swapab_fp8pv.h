@@ -66,6 +66,21 @@ SMLA_HD void v_fragments(const uint32_t (&wd)[2][4][4], uint32_t (&a)[8][4]) {
     }
 }
 
+// N = 32's P V, one latent tile j at a time (swapab.cuh pv8_by_tile): the A fragments of k32 step s for
+// m-tiles 2 j, 2 j + 1 from the words of k16 blocks 2 s (w[0]) and 2 s + 1 (w[1]) at tile j's dims,
+// w[half][c] = wd[half][c][j] of v_fragments: a[h] = v_fragments' a[2 j + h].
+SMLA_HD void v_fragments_tile(const uint32_t (&w)[2][4], uint32_t (&a)[2][4]) {
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    uint32_t o[4];
+    transpose4(w[half], o);
+    a[0][2 * half] = o[0];
+    a[0][2 * half + 1] = o[1];
+    a[1][2 * half] = o[2];
+    a[1][2 * half + 1] = o[3];
+  }
+}
+
 // f16x2 of (lo, hi): lo in bits 0-15 (cvt.rn.f16x2.f32).
 SMLA_HD uint32_t pack_f16x2(float lo, float hi) {
 #if defined(__CUDA_ARCH__)
