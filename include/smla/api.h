@@ -31,6 +31,8 @@ Support backend_support(Backend backend, const Geometry& g, int device = 0);
 // (the first variant of the table that supports g, e.g. ".../bf16_d576/h64.ws"); the format part
 // alone when no variant does.
 std::string cuda_kernel_for(const Geometry& g, const DeviceInfo& dev = any_sm90_device());
+// The same for a call of num_tokens rows (cuda_variant_for's small-call rule; not batch-invariant).
+std::string cuda_kernel_for(const Geometry& g, const DeviceInfo& dev, int64_t num_tokens);
 
 // Runs p whose pointers are HOST memory on the chosen backend (the CUDA path copies to and from
 // the device and synchronizes). kv_bytes: size of the buffer p.kv points to.

@@ -26,12 +26,13 @@ size_t sparse_mla_workspace_bytes(const SparseMlaParams& p, int num_sms, int num
 // p's geometry (p.score_precision chooses the score path). Every pointer in p is a device pointer.
 // Validates p on the host (throws Error before any launch); never allocates and never synchronizes. num_splits > 0
 // fixes the split of every row's top-k (a plan's schedule; the batch-invariant mode); 0 lets the
-// launcher choose from T.
+// launcher choose from T. batch_invariant: the same kernel for every T (cuda_variant_for's small-call
+// rule off), as a batch-invariant plan runs.
 void sparse_mla(const SparseMlaParams& p, void* workspace, size_t workspace_bytes, void* stream,
-                int num_splits = 0);
+                int num_splits = 0, bool batch_invariant = false);
 
 // Convenience for the CLI and tests: p holds HOST pointers; copies inputs to device 0, runs,
 // copies out/lse back and synchronizes. kv_bytes: bytes of the cache buffer p.kv points to.
-void sparse_mla_from_host(const SparseMlaParams& p, size_t kv_bytes);
+void sparse_mla_from_host(const SparseMlaParams& p, size_t kv_bytes, bool batch_invariant = false);
 
 }  // namespace smla::cuda

@@ -103,6 +103,15 @@ constexpr int swapab_max_heads(KvFormat f) {
 // The variant that runs g on dev: the first that supports it; nullptr when none does
 // (support_cuda says why).
 const CudaVariant* cuda_variant_for(const Geometry& g, const DeviceInfo& dev);
+// A call of few rows at 17 <= H <= 32: swapab's N = 32 tile runs alone ~4 us longer than h64.ws's
+// (one or a few tiles per block), so calls of T < kSwapAbN32MinRows rows run h64.ws (T = 1 in a graph:
+// 11.3 vs 15.3 us; T = 32 equal; T >= 128 swapab 12-21 % faster: docs/perf-history.md#s14-swapab-n32),
+// except in a batch-invariant plan, which runs one kernel for every T (a row's bits never depend on
+// the batch around it).
+inline constexpr int64_t kSwapAbN32MinRows = 32;
+// The variant that runs a call of num_tokens rows: cuda_variant_for(g, dev), or h64.ws instead of
+// swapab for a small call at H > 16 (above) unless batch_invariant.
+const CudaVariant* cuda_variant_for(const Geometry& g, const DeviceInfo& dev, int64_t num_tokens, bool batch_invariant);
 // The variant is chosen by g's resolved score precision (resolve_score_precision).
 // The CUDA backend on `dev`, given whether this build contains the CUDA kernels: OK when a
 // variant runs g, else the reason of the general variant of g's resolved score precision (the

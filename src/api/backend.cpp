@@ -51,6 +51,11 @@ std::string cuda_kernel_for(const Geometry& g, const DeviceInfo& dev) {
   return cuda_kernel_name(g) + (v != nullptr ? "/" + std::string(v->name) : std::string());
 }
 
+std::string cuda_kernel_for(const Geometry& g, const DeviceInfo& dev, int64_t num_tokens) {
+  const CudaVariant* v = cuda_variant_for(g, dev, num_tokens, false);
+  return cuda_kernel_name(g) + (v != nullptr ? "/" + std::string(v->name) : std::string());
+}
+
 Support backend_support(Backend backend, const Geometry& g, int device) {
   if (backend == Backend::kCpu) return support_cpu(g);
   return support_cuda(g, cuda_device(device), built_with_cuda());

@@ -106,7 +106,7 @@ void Plan::run(const SparseMlaParams& p, void* workspace, size_t workspace_bytes
     return;
   }
 #if SMLA_HAVE_CUDA
-  cuda::sparse_mla(p, workspace, workspace_bytes, stream, schedule_for(p.num_tokens).num_splits);
+  cuda::sparse_mla(p, workspace, workspace_bytes, stream, schedule_for(p.num_tokens).num_splits, cfg_.batch_invariant);
 #else
   (void)stream;
   fail("this build has no CUDA backend");

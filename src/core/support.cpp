@@ -1,6 +1,7 @@
 #include "smla/support.h"
 
 #include <string>
+#include <string_view>
 
 #include "smla/formats.h"
 
@@ -110,6 +111,16 @@ const CudaVariant* cuda_variant_for(const Geometry& g, const DeviceInfo& dev) {
   for (const CudaVariant& v : cuda_variants())
     if (v.supports(g, dev).ok()) return &v;
   return nullptr;
+}
+
+const CudaVariant* cuda_variant_for(const Geometry& g, const DeviceInfo& dev, int64_t num_tokens, bool batch_invariant) {
+  const CudaVariant* v = cuda_variant_for(g, dev);
+  if (v == nullptr || batch_invariant || std::string_view(v->name) != "swapab" || g.num_heads <= 16 ||
+      num_tokens >= kSwapAbN32MinRows)
+    return v;
+  for (const CudaVariant& w : cuda_variants())
+    if (std::string_view(w.name) == "h64.ws" && w.supports(g, dev).ok()) return &w;
+  return v;
 }
 
 Support support_cuda(const Geometry& g, const DeviceInfo& dev, bool built_with_cuda) {

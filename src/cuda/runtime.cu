@@ -62,7 +62,7 @@ DeviceInfo device_info(int ordinal) {
   return d;
 }
 
-void sparse_mla_from_host(const SparseMlaParams& hp, size_t kv_bytes) {
+void sparse_mla_from_host(const SparseMlaParams& hp, size_t kv_bytes, bool batch_invariant) {
   validate(hp);
   check_host_sink(hp);  // host pointers: the sink values are visible here
   SMLA_CHECK(hp.out_dtype != DType::kFP32,
@@ -91,7 +91,7 @@ void sparse_mla_from_host(const SparseMlaParams& hp, size_t kv_bytes) {
   const size_t ws_bytes = sparse_mla_workspace_bytes(p, device_info(0).num_sms);
   void* w = ws.make(ws_bytes, nullptr);
 
-  sparse_mla(p, w, ws_bytes, nullptr);
+  sparse_mla(p, w, ws_bytes, nullptr, 0, batch_invariant);
   check(cudaDeviceSynchronize(), "sparse MLA kernel");
   check(cudaMemcpy(hp.out, p.out, out_bytes, cudaMemcpyDeviceToHost), "copy out to host");
   if (with_lse) check(cudaMemcpy(hp.lse, p.lse, lse_bytes, cudaMemcpyDeviceToHost), "copy lse to host");

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "smla/api.h"
 #include "smla/plan.h"
 #include "smla/support.h"
 
@@ -242,6 +243,32 @@ TEST(Support, SwapAbTakesSmallHeadFp8DsMlaWithABf16Q) {
   expect_reason(smla::supports_sm90_swapab(geo(KvFormat::kNvFP4DsMla, DType::kBF16, 17), h200), "H <= 16",
                 "nvfp4_ds_mla H = 17");
   expect_reason(smla::supports_sm90_swapab(g, device(8, 0, "NVIDIA A100")), "SM90", "sm_80");
+}
+
+// The small-call rule (smla/support.h, kSwapAbN32MinRows): a swapab geometry at H > 16 runs h64.ws for
+// calls of fewer than 32 rows, unless batch-invariant (one kernel at every T); H <= 16, the other variants
+// and T >= 32 keep the table's choice; the kernel name of a call follows it.
+TEST(Support, SmallCallsAtMoreThan16HeadsRunH64Ws) {
+  const auto h200 = device(9, 0, "NVIDIA H200");
+  EXPECT_EQ(smla::kSwapAbN32MinRows, 32);
+  for (KvFormat f : {KvFormat::kFP8DsMla, KvFormat::kFP8E4M3})
+    for (int H : {1, 16, 17, 24, 32, 33, 64})
+      for (int64_t T : {int64_t(0), int64_t(1), int64_t(2), int64_t(31), int64_t(32), int64_t(33), int64_t(4096)})
+        for (bool bi : {false, true}) {
+          const Geometry g = geo(f, DType::kBF16, H);
+          const smla::CudaVariant* table = smla::cuda_variant_for(g, h200);
+          const smla::CudaVariant* v = smla::cuda_variant_for(g, h200, T, bi);
+          ASSERT_NE(v, nullptr);
+          const bool small = H > 16 && H <= 32 && T < 32 && !bi;
+          EXPECT_EQ(std::string(v->name), small ? "h64.ws" : std::string(table->name))
+              << smla::to_string(f) << " H " << H << " T " << T << " bi " << bi;
+          if (!bi)
+            EXPECT_EQ(smla::cuda_kernel_for(g, h200, T), smla::cuda_kernel_name(g) + "/" + v->name) << H << " " << T;
+        }
+  // an e4m3 q with fp8_e4m3 (auto: fp8 scores) and nvfp4_ds_mla at H = 17: the table's h64.ws.q8 / h64.ws at every T
+  EXPECT_STREQ(smla::cuda_variant_for(geo(KvFormat::kFP8E4M3, DType::kE4M3, 24), h200, 1, false)->name, "h64.ws.q8");
+  EXPECT_STREQ(smla::cuda_variant_for(geo(KvFormat::kNvFP4DsMla, DType::kBF16, 17), h200, 1, false)->name, "h64.ws");
+  EXPECT_STREQ(smla::cuda_variant_for(geo(KvFormat::kNvFP4DsMla, DType::kBF16, 16), h200, 1, false)->name, "swapab");
 }
 
 TEST(Support, ResolveScorePrecision) {

@@ -177,14 +177,25 @@ void reference(const smla::testing::HostProblem& hp, std::vector<double>& ref_ou
 // bar for quantized caches (rel L2 <= 1e-2, LSE abs <= 1e-3). fp8 scores (products on the fp8
 // tensor cores, summed with fewer bits than fp32): §8's fp8-product bar, rel L2 <= 5e-3, LSE abs
 // <= 1e-2 and a mean signed LSE error within +-1e-3 (no bias); each case's figures are printed.
-void run_checked(const ProblemSpec& spec, const std::string& what, smla::ScorePrecision score) {
-  const uint64_t seed = fresh_seed();
+// batch_invariant: the call as a batch-invariant plan makes it (the table's kernel at every T); else
+// the small-call rule may run h64.ws for swapab (smla/support.h, kSwapAbN32MinRows).
+void run_checked_once(const ProblemSpec& spec, const std::string& what, smla::ScorePrecision score, uint64_t seed,
+                      bool batch_invariant) {
   auto hp = smla::testing::make_problem(spec, seed);
   hp.params.score_precision = score;
-  SCOPED_TRACE(what + " (seed " + std::to_string(seed) + ")");
+  SCOPED_TRACE(what + " (seed " + std::to_string(seed) + (batch_invariant ? ", batch-invariant" : "") + ")");
   const auto& p = hp.params;
-  const smla::CudaVariant* variant = smla::cuda_variant_for(smla::geometry_of(p), smla::any_sm90_device());
+  const smla::CudaVariant* table = smla::cuda_variant_for(smla::geometry_of(p), smla::any_sm90_device());
+  const smla::CudaVariant* variant =
+      smla::cuda_variant_for(smla::geometry_of(p), smla::any_sm90_device(), p.num_tokens, batch_invariant);
   ASSERT_NE(variant, nullptr) << "no variant supports this case";
+  if (variant != table) {  // the small-call rule: a swapab geometry at H > 16 with few rows
+    EXPECT_STREQ(table->name, "swapab");
+    EXPECT_STREQ(variant->name, "h64.ws");
+    EXPECT_GT(p.num_heads, 16);
+    EXPECT_LT(p.num_tokens, smla::kSwapAbN32MinRows);
+    EXPECT_FALSE(batch_invariant);
+  }
   const smla::ScorePrecision resolved = smla::resolve_score_precision(smla::geometry_of(p));
   if (score == smla::ScorePrecision::kAuto) {  // the default: fp8 scores for an e4m3 q (fp8 caches only take one),
     // except fp8_ds_mla at H <= 32, where the swap-AB kernel runs either q with bf16 scores (s11, s14: N = 32
@@ -192,14 +203,14 @@ void run_checked(const ProblemSpec& spec, const std::string& what, smla::ScorePr
     const bool swapab = p.num_heads <= smla::swapab_max_heads(p.format) &&
                         (p.format == KvFormat::kFP8DsMla || (p.format == KvFormat::kFP8E4M3 && p.q_dtype == DType::kBF16) ||
                          p.format == KvFormat::kNvFP4DsMla);
-    EXPECT_STREQ(variant->name, swapab ? "swapab" : p.q_dtype == DType::kE4M3 ? "h64.ws.q8" : "h64.ws");
+    EXPECT_STREQ(table->name, swapab ? "swapab" : p.q_dtype == DType::kE4M3 ? "h64.ws.q8" : "h64.ws");
   }
   else
     EXPECT_EQ(resolved, score);
   EXPECT_EQ(variant->score_precision, resolved) << variant->name;
   std::vector<double> ref_out, ref_lse;
   reference(hp, ref_out, ref_lse);
-  smla::cuda::sparse_mla_from_host(hp.params, hp.kv_bytes());
+  smla::cuda::sparse_mla_from_host(hp.params, hp.kv_bytes(), batch_invariant);
   const auto d = smla::testing::compare(hp, ref_out, ref_lse);
   EXPECT_EQ(d.nonfinite, 0);
   if (resolved == smla::ScorePrecision::kFP8) {
@@ -251,6 +262,19 @@ void run_checked(const ProblemSpec& spec, const std::string& what, smla::ScorePr
     }
     EXPECT_EQ(bad, 0) << "empty row t=" << t << ": out must be exactly 0 and LSE -inf";
   }
+}
+
+// Each case on the kernel a call of its T runs and, where the small-call rule picks h64.ws instead of
+// swapab, again as a batch-invariant plan runs it (swapab at that T), from the same data.
+void run_checked(const ProblemSpec& spec, const std::string& what, smla::ScorePrecision score) {
+  const uint64_t seed = fresh_seed();
+  run_checked_once(spec, what, score, seed, false);
+  auto hp = smla::testing::make_problem(spec, seed);
+  hp.params.score_precision = score;
+  const smla::Geometry g = smla::geometry_of(hp.params);
+  if (smla::cuda_variant_for(g, smla::any_sm90_device()) !=
+      smla::cuda_variant_for(g, smla::any_sm90_device(), hp.params.num_tokens, false))
+    run_checked_once(spec, what, score, seed, true);
 }
 
 struct Case {
@@ -714,7 +738,7 @@ TEST(SwapAbFp8Pv, RowScalesOverARange) {
     ASSERT_STREQ(variant->name, "swapab");
     std::vector<double> ref_out, ref_lse;
     reference(hp, ref_out, ref_lse);
-    smla::cuda::sparse_mla_from_host(hp.params, hp.kv_bytes());
+    smla::cuda::sparse_mla_from_host(hp.params, hp.kv_bytes(), /*batch_invariant=*/true);  // swapab at every T
     const auto d = smla::testing::compare(hp, ref_out, ref_lse);
     std::printf("[ fp8pv    ] %s: row scales x 2^-6 .. 2^2 x 1.37: out rel L2 %.2e, LSE max abs %.2e\n", what.c_str(),
                 d.rel_l2, d.lse_max_abs);

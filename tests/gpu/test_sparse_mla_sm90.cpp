@@ -267,7 +267,8 @@ TEST(SparseMlaSm90Edge, SplitAndNoSplitAgree) {
 }
 
 // Two identical runs (split and not split) are bit-identical (bf16 H = 64; fp8_ds_mla H = 16 and
-// 32: the swap-AB kernel, N = 16 and N = 32; fp8_e4m3 H = 24: swapab N = 32; nvfp4_ds_mla H = 16: swapab).
+// 32: the swap-AB kernel, N = 16 and N = 32; fp8_e4m3 H = 24: swapab N = 32; nvfp4_ds_mla H = 16: swapab),
+// launched as a batch-invariant plan launches them (the table's kernel at every T: swapab at T = 2 too).
 TEST(SparseMlaSm90Edge, Deterministic) {
   REQUIRE_GPU();
   for (int64_t T : {int64_t(2), int64_t(300)})
@@ -278,10 +279,10 @@ TEST(SparseMlaSm90Edge, Deterministic) {
     s.sink = true;
     const uint64_t seed = fresh_seed();
     auto hp = smla::testing::make_problem(s, seed);
-    smla::cuda::sparse_mla_from_host(hp.params, hp.kv_bytes());
+    smla::cuda::sparse_mla_from_host(hp.params, hp.kv_bytes(), true);
     const auto out1 = hp.out;
     const auto lse1 = hp.lse;
-    smla::cuda::sparse_mla_from_host(hp.params, hp.kv_bytes());
+    smla::cuda::sparse_mla_from_host(hp.params, hp.kv_bytes(), true);
     EXPECT_EQ(std::memcmp(out1.data(), hp.out.data(), out1.size()), 0) << "T=" << T << " seed " << seed;
     EXPECT_EQ(std::memcmp(lse1.data(), hp.lse.data(), lse1.size() * 4), 0) << "T=" << T << " seed " << seed;
   }
@@ -289,7 +290,7 @@ TEST(SparseMlaSm90Edge, Deterministic) {
 
 // A captured graph replays the direct launch bit for bit (no allocation or sync inside): bf16, and
 // fp8_ds_mla (H = 16 and 32: the swap-AB kernel, N = 16 and 32), fp8_e4m3 H = 24 (swapab N = 32),
-// nvfp4_ds_mla H = 16 (swapab).
+// nvfp4_ds_mla H = 16 (swapab); launched batch-invariant, so T = 3 at H > 16 runs swapab, not h64.ws.
 TEST(SparseMlaSm90Edge, GraphCaptureReplays) {
   REQUIRE_GPU();
   for (auto [f, H] : {std::pair{KvFormat::kBF16, 32}, std::pair{KvFormat::kFP8DsMla, 16}, std::pair{KvFormat::kFP8DsMla, 32},
@@ -315,7 +316,7 @@ TEST(SparseMlaSm90Edge, GraphCaptureReplays) {
   cuda_ok(cudaMalloc(&dws, wsb), "malloc");
   cudaStream_t st;
   cuda_ok(cudaStreamCreate(&st), "stream");
-  smla::cuda::sparse_mla(p, dws, wsb, st);
+  smla::cuda::sparse_mla(p, dws, wsb, st, 0, true);
   cuda_ok(cudaStreamSynchronize(st), "direct run");
   std::vector<uint8_t> out1(ob), out2(ob);
   cudaMemcpy(out1.data(), dout, ob, cudaMemcpyDeviceToHost);
@@ -323,7 +324,7 @@ TEST(SparseMlaSm90Edge, GraphCaptureReplays) {
   cudaGraph_t graph;
   cudaGraphExec_t exec;
   cuda_ok(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal), "begin capture");
-  smla::cuda::sparse_mla(p, dws, wsb, st);
+  smla::cuda::sparse_mla(p, dws, wsb, st, 0, true);
   cuda_ok(cudaStreamEndCapture(st, &graph), "end capture");
   cuda_ok(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
   cuda_ok(cudaGraphLaunch(exec, st), "replay");

@@ -190,7 +190,7 @@ int bench_cuda(const Args& a) {
       r.backend = "cuda";
       Geometry g = geometry_of(p);
       const int splits = forced_splits > 0 ? forced_splits : cuda::sparse_mla_auto_splits(p, dev.num_sms);  // the launcher's
-      r.kernel = cuda_kernel_for(g, dev) + (splits > 1 ? "/split" + std::to_string(splits) : "");
+      r.kernel = cuda_kernel_for(g, dev, T) + (splits > 1 ? "/split" + std::to_string(splits) : "");
       r.format = std::string(to_string(fmt)) + (q_e4m3 ? "+q_e4m3" : "");
       r.T = T, r.H = H, r.K = K, r.D = D, r.row_bytes = rb;
       r.valid_entries = double(T) * K;

@@ -63,11 +63,12 @@ DeviceInfo current_device() {
   return d;
 }
 
-// The variant that runs p on the current device (smla/support.h's table), or Error with the reason.
-const CudaVariant& variant_for(const SparseMlaParams& p) {
+// The variant that runs p on the current device (smla/support.h's table, and its small-call rule
+// unless batch_invariant), or Error with the reason.
+const CudaVariant& variant_for(const SparseMlaParams& p, bool batch_invariant = false) {
   const Geometry g = geometry_of(p);
   const DeviceInfo dev = current_device();
-  const CudaVariant* v = cuda_variant_for(g, dev);
+  const CudaVariant* v = cuda_variant_for(g, dev, p.num_tokens, batch_invariant);
   if (v == nullptr) fail_unsupported(support_cuda(g, dev, true).reason);
   return *v;
 }
@@ -130,9 +131,10 @@ size_t sparse_mla_workspace_bytes(const SparseMlaParams& p, int num_sms, int num
                                   num_splits > 0 ? num_splits : num_splits_for(p, num_sms));
 }
 
-void sparse_mla(const SparseMlaParams& p, void* workspace, size_t workspace_bytes, void* stream, int num_splits) {
+void sparse_mla(const SparseMlaParams& p, void* workspace, size_t workspace_bytes, void* stream, int num_splits,
+                bool batch_invariant) {
   validate(p);
-  const CudaVariant& variant = variant_for(p);
+  const CudaVariant& variant = variant_for(p, batch_invariant);
   check_call(p);
   SMLA_CHECK(num_splits >= 0 && num_splits <= kMaxSplits,
              "num_splits must be in [0, " + std::to_string(kMaxSplits) + "]; got " + std::to_string(num_splits));
