@@ -145,6 +145,8 @@ struct ResolveParams {
   int early;                    // 1: the copy blocks read their own entries (copy_early); no job list is
                                 // written and a step with misses raises the flags right before its first
                                 // map write of a victim assignment (publish_before_assign)
+  uint32_t* epoch;              // state, nullable (the one-grid step): the step's epoch word (TieredReady),
+                                // advanced by block 0 before its launch trigger
 };
 
 using Scan = cub::BlockScan<int, kThreads>;
@@ -760,6 +762,17 @@ __device__ __forceinline__ void resolve_body(const ResolveParams& p) {
   const int r = int(blockIdx.x);
   // The request's clock: the stamp word of its reserved slot R - 1 (no LRU candidate reads it).
   uint32_t* clock = p.stamps + int64_t(r) * p.R + (p.R - 1);
+  // The step's epoch (TieredReady, s14): advanced by block 0 before its launch trigger, so every copy
+  // block and every attention block (each launched only after all of this grid's blocks triggered)
+  // reads the new value; the fence makes the store visible at GPU scope before the trigger.
+  if (p.epoch != nullptr && blockIdx.x == 0) {
+    if (threadIdx.x == 0) {
+      volatile uint32_t* e = p.epoch;
+      *e = *e + 1u;
+      __threadfence();
+    }
+    __syncthreads();
+  }
   // copy_kernel (a PDL launch) may start its blocks now; they wait for this grid's end.
   ptx::pdl_launch_dependents();
   phase_stamp(p.phase, kPhStart);
@@ -873,6 +886,12 @@ struct CopyParams {
   int64_t bt_stride;
   int max_blocks, block_size;
   int64_t block_stride_rows;
+  // The hand-off to the attention (TieredReady, s14), nullable: ready words [num_reqs + 1], arrival
+  // counts [num_reqs], the epoch word. The last copy block of a request to finish raises its word.
+  uint32_t* ready;
+  uint32_t* arrive;
+  const uint32_t* epoch;
+  int num_reqs;
 };
 
 constexpr int kCopyThreads = 256;
@@ -1055,6 +1074,33 @@ __device__ void copy_early(const CopyParams& c, int r, int part) {
   copy_early_rounds(c, map, hot, s_pos, s_row, s_n * c.pieces, !late, rd);
 }
 
+// A release store at GPU scope: the ready words the attention reads with acquire (TieredReady).
+__device__ __forceinline__ void st_release(uint32_t* p, uint32_t v) {
+  asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+
+// The end of every copy block (s14): after its row stores (all its threads, ordered by the barrier)
+// it arrives on its request's count; the request's last block to arrive zeroes the count for the
+// next step and raises the request's ready word to the step's epoch with release (fence-fence
+// synchronization through the count's atomic chain carries every block's stores). Grid block 0
+// also raises word num_reqs (the ids of tokens without a hot buffer, written by the resolver, whose
+// end every copy block has passed). Called after pdl_wait, so the epoch read is the resolver's.
+__device__ __forceinline__ void copy_arrive(const CopyParams& c, int r) {
+  if (c.ready == nullptr) return;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const uint32_t e = __ldcg(c.epoch);
+    if (blockIdx.x == 0) st_release(c.ready + c.num_reqs, e);
+    __threadfence();
+    const uint32_t n = atomicAdd(c.arrive + r, 1u);
+    if (n == uint32_t(c.blocks_per_req) - 1u) {
+      c.arrive[r] = 0u;  // no block of this step reads it again
+      __threadfence();
+      st_release(c.ready + r, e);
+    }
+  }
+}
+
 // Copies the claimed rows: request blockIdx.x / blocks_per_req, the part blockIdx.x %
 // blocks_per_req of its 16-byte pieces (strided, kCopyRoundUnroll loads in flight per thread).
 // A PDL launch: the blocks are resident while resolve_kernel runs. Each waits for its own flag
@@ -1071,6 +1117,7 @@ __global__ void __launch_bounds__(kCopyThreads) copy_kernel(CopyParams c) {
   const int r = int(blockIdx.x) / c.blocks_per_req, part = int(blockIdx.x) % c.blocks_per_req;
   if (c.early) {
     copy_early(c, r, part);
+    copy_arrive(c, r);
     phase_max(c.phase, kPhCopyEnd);
     return;
   }
@@ -1100,15 +1147,14 @@ __global__ void __launch_bounds__(kCopyThreads) copy_kernel(CopyParams c) {
   phase_max(c.phase, kPhCopyLoads);
   ptx::pdl_wait();  // resolve_kernel's end: map final (a no-op unless launched with PDL)
   phase_max(c.phase, kPhCopyWait);
-  if (total == 0) {
-    phase_max(c.phase, kPhCopyEnd);
-    return;
-  }
-  copy_store(c, jobs, map, hot, base, width, total, rd);
-  for (base += width * kCopyRoundUnroll; base < total; base += width * kCopyRoundUnroll) {
-    copy_load(c, jobs, base, width, total, rd);
+  if (total > 0) {
     copy_store(c, jobs, map, hot, base, width, total, rd);
+    for (base += width * kCopyRoundUnroll; base < total; base += width * kCopyRoundUnroll) {
+      copy_load(c, jobs, base, width, total, rd);
+      copy_store(c, jobs, map, hot, base, width, total, rd);
+    }
   }
+  copy_arrive(c, r);
   phase_max(c.phase, kPhCopyEnd);
 }
 
@@ -1539,7 +1585,8 @@ static int one_grid_workers(const TieredCache& cache, int num_reqs, int topk, bo
   return int64_t(num_reqs) * (g + 1) <= int64_t(per_sm) * sms ? g : 0;
 }
 
-void resolve_tiered(const TieredCache& cache, const TieredResolveParams& p, void* stream) {
+void resolve_tiered(const TieredCache& cache, const TieredResolveParams& p, void* stream, TieredReady* ready) {
+  if (ready != nullptr) *ready = TieredReady{};  // empty unless the two-kernel path below runs
   cache.check(p);
   check_cuda_limits(cache);
   SMLA_CHECK(p.workspace_bytes >= cache.workspace_bytes() && (cache.workspace_bytes() == 0 || p.workspace),
@@ -1610,7 +1657,7 @@ void resolve_tiered(const TieredCache& cache, const TieredResolveParams& p, void
   if (og_workers > 0) {
     const int64_t blocks = int64_t(p.num_reqs) * (og_workers + 1);
     ResolveParams g = k;
-    g.early = 0, g.copy_blocks_per_req = 0;
+    g.early = 0, g.copy_blocks_per_req = 0, g.epoch = nullptr;
     g.copy_flags = reinterpret_cast<uint32_t*>(base + L.copy_flags);
     const int per = tiered::onegrid_entries(p.topk, og_workers);
     cudaLaunchConfig_t lc{};
@@ -1634,6 +1681,11 @@ void resolve_tiered(const TieredCache& cache, const TieredResolveParams& p, void
     (void)cudaGetLastError();
   }
 
+  // The hand-off to the attention (TieredReady): ready words, arrival counts, the epoch word.
+  auto* ready_words = reinterpret_cast<uint32_t*>(base + L.ready);
+  auto* arrive_words = ready_words + (c.max_requests + 1);
+  auto* epoch_word = arrive_words + c.max_requests;
+  k.epoch = p.num_reqs > 0 ? epoch_word : nullptr;
   // The attribute is set on every call: it belongs to the current device, and the call is cheap.
   if (c.hot_slots <= kThreads * kItemsSmall) {
     constexpr int kSmem = int(sizeof(ResolveSmem<kItemsSmall>));
@@ -1663,6 +1715,7 @@ void resolve_tiered(const TieredCache& cache, const TieredResolveParams& p, void
   cp.req_of_token = k.req_of_token, cp.seq_lens = k.seq_lens, cp.pool_rows = k.pool_rows;
   cp.block_table = k.block_table, cp.bt_stride = k.bt_stride, cp.max_blocks = k.max_blocks;
   cp.block_size = k.block_size, cp.block_stride_rows = k.block_stride_rows;
+  cp.ready = ready_words, cp.arrive = arrive_words, cp.epoch = epoch_word, cp.num_reqs = p.num_reqs;
   // A PDL launch: its blocks become resident while resolve_kernel runs (every resolve block
   // triggers at its start), start their host reads at their flag and wait in pdl_wait() for its
   // end before storing, so no launch gap and no victim choice sits before the host reads.
@@ -1677,6 +1730,10 @@ void resolve_tiered(const TieredCache& cache, const TieredResolveParams& p, void
   lc.numAttrs = 1;
   check_cuda(cudaLaunchKernelEx(&lc, copy_kernel, cp), "copy_kernel launch (PDL)");
   check_launch("copy_kernel");
+  if (ready != nullptr) {
+    ready->flags = ready_words, ready->epoch = epoch_word, ready->req_of_token = p.req_of_token;
+    ready->num_reqs = p.num_reqs;
+  }
 }
 
 void set_tiered_copy_blocks_for_testing(int blocks_per_request) { copy_blocks_override = blocks_per_request; }

@@ -119,7 +119,8 @@ size_t sparse_mla_workspace_bytes(const SparseMlaParams& p, int num_sms, int num
                                   num_splits > 0 ? num_splits : num_splits_for(p, num_sms));
 }
 
-void sparse_mla(const SparseMlaParams& p, void* workspace, size_t workspace_bytes, void* stream, int num_splits) {
+void sparse_mla(const SparseMlaParams& p, void* workspace, size_t workspace_bytes, void* stream, int num_splits,
+                const TieredReady* after) {
   validate(p);
   const CudaVariant& variant = variant_for(p);
   check_call(p);
@@ -176,6 +177,15 @@ void sparse_mla(const SparseMlaParams& p, void* workspace, size_t workspace_byte
 #if SMLA_PHASE_TIMER
   kp.phase = phase::buffer();
 #endif
+  // The HiSparse overlap (s14): only the 64-head kernels wait per request (wait_inputs); swapab reads
+  // counts before any wait and keeps its plain launch after the whole resolve.
+  const bool waits = after != nullptr && after->flags != nullptr && &variant != &kCudaVariants[0];
+  if (waits) {
+    SMLA_CHECK(after->epoch != nullptr && after->num_reqs >= 1,
+               "TieredReady: flags without an epoch word or with num_reqs < 1; pass the one cuda::resolve_tiered filled");
+    kp.ready = after->flags, kp.ready_epoch = after->epoch, kp.ready_req = after->req_of_token;
+    kp.ready_num_reqs = after->num_reqs;
+  }
 
   auto s = static_cast<cudaStream_t>(stream);
   const bool fp16 = p.q_dtype == DType::kFP16;
