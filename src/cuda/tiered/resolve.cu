@@ -96,6 +96,9 @@ constexpr int kCopyUnroll = 16;  // 16-byte host loads in flight per thread: 64 
 // 8.7 MB in flight per round, far above what the ~55 GB/s link needs to stay busy).
 constexpr int kCopyRoundUnroll = 8;
 constexpr int kCopyBlocksPerSm = 2;
+// Request order (s14, copy_throttle): about this many copy blocks read host memory at once (32 of
+// 256 threads x 8 x 16 B each: up to 1 MB in flight, B = 32 at 90 % reuse: 4 requests, 0.54 MB).
+constexpr int kCopyWindowBlocks = 32;
 int copy_blocks_override = 0;        // set_tiered_copy_blocks_for_testing (0: the launcher's choice)
 int one_grid_mode = 0;               // set_tiered_one_grid_for_testing (0: where the shape allows it, 1: never)
 bool copy_late = false;              // set_tiered_copy_late_for_testing: the first loads wait for the resolver's end
@@ -892,6 +895,12 @@ struct CopyParams {
   uint32_t* arrive;
   const uint32_t* epoch;
   int num_reqs;
+  // Request order (s14), with ready set: each block takes its (request, part) from a ticket counter
+  // in the order the blocks start (tickets cycle 0 .. grid - 1, so the counter is 0 between steps),
+  // and a block of request r >= window issues its host reads only once request r - window is ready:
+  // the requests' rows land about in request order, about `window` requests in flight.
+  uint32_t* ticket;
+  int window;
 };
 
 constexpr int kCopyThreads = 256;
@@ -914,6 +923,46 @@ __device__ __forceinline__ void copy_load(const CopyParams& c, const CopyJob* jo
       rd.v[u] = *reinterpret_cast<const uint4*>(c.pool + int64_t(src_row) * c.pool_stride + 16 * (i % c.pieces));
     }
   }
+}
+
+// A release store at GPU scope: the ready words the attention reads with acquire (TieredReady).
+__device__ __forceinline__ void st_release(uint32_t* p, uint32_t v) {
+  asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+
+// The end of every copy block (s14): after its row stores (all its threads, ordered by the barrier)
+// it arrives on its request's count; the request's last block to arrive zeroes the count for the
+// next step and raises the request's ready word to the step's epoch with release (fence-fence
+// synchronization through the count's atomic chain carries every block's stores). Grid block 0
+// also raises word num_reqs (the ids of tokens without a hot buffer, written by the resolver, whose
+// end every copy block has passed). Called after pdl_wait, so the epoch read is the resolver's.
+__device__ __forceinline__ void copy_arrive(const CopyParams& c, int r) {
+  if (c.ready == nullptr) return;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const uint32_t e = __ldcg(c.epoch);
+    if (blockIdx.x == 0) st_release(c.ready + c.num_reqs, e);
+    __threadfence();
+    const uint32_t n = atomicAdd(c.arrive + r, 1u);
+    if (n == uint32_t(c.blocks_per_req) - 1u) {
+      c.arrive[r] = 0u;  // no block of this step reads it again
+      __threadfence();
+      st_release(c.ready + r, e);
+    }
+  }
+}
+
+// Request order (s14): a block of request r >= window waits, before its first host read, until
+// request r - window is ready. It waits only on blocks with earlier tickets (started, hence resident),
+// which wait only on still earlier ones or on the resolver (every block of which started before this
+// grid launched), so the waits end. Every thread of the block calls it.
+__device__ __forceinline__ void copy_throttle(const CopyParams& c, int r) {
+  if (c.ready == nullptr || c.window <= 0 || r < c.window) return;
+  if (threadIdx.x == 0) {
+    const uint32_t e = ptx::ld_acquire_u32(c.epoch);  // the resolver advanced it before this grid launched
+    while (ptx::ld_acquire_u32(c.ready + (r - c.window)) != e) __nanosleep(256);
+  }
+  __syncthreads();
 }
 
 // The stores of a round, after the resolver's end: each piece's slot is its position's final map
@@ -1025,9 +1074,10 @@ __device__ void copy_early(const CopyParams& c, int r, int part) {
   }
   __syncthreads();
   volatile uint32_t* flag = c.flags + int64_t(r) * kTieredCopyFlags + part;
-  uint32_t at_check = 0;
-  if (t == 0) at_check = *flag;
+  __shared__ uint32_t s_at_check;  // held in shared memory across copy_throttle's wait
+  if (t == 0) s_at_check = *flag;
   const int n = s_n;
+  if (n > 0) copy_throttle(c, r);  // after the in-time check, before the host reads (n: uniform)
   uint8_t* hot = c.hot + int64_t(r) * c.R * c.hot_stride;
   CopyRound rd;
   const int total = n * c.pieces;
@@ -1045,7 +1095,7 @@ __device__ void copy_early(const CopyParams& c, int r, int part) {
     *flag = 0;  // this block is the flag's only reader: zero again for the next step
     // The flag holds the request's miss count + 1: with no miss (an all-hit step, a request without
     // tokens or dropped) there is nothing to store, however late the check was.
-    s_late = v == 1 ? 2 : (at_check != 0 || c.force_late) ? 1 : 0;
+    s_late = v == 1 ? 2 : (s_at_check != 0 || c.force_late) ? 1 : 0;
   }
   phase_max(c.phase, kPhCopyFlag);
   __syncthreads();
@@ -1074,53 +1124,8 @@ __device__ void copy_early(const CopyParams& c, int r, int part) {
   copy_early_rounds(c, map, hot, s_pos, s_row, s_n * c.pieces, !late, rd);
 }
 
-// A release store at GPU scope: the ready words the attention reads with acquire (TieredReady).
-__device__ __forceinline__ void st_release(uint32_t* p, uint32_t v) {
-  asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
-}
-
-// The end of every copy block (s14): after its row stores (all its threads, ordered by the barrier)
-// it arrives on its request's count; the request's last block to arrive zeroes the count for the
-// next step and raises the request's ready word to the step's epoch with release (fence-fence
-// synchronization through the count's atomic chain carries every block's stores). Grid block 0
-// also raises word num_reqs (the ids of tokens without a hot buffer, written by the resolver, whose
-// end every copy block has passed). Called after pdl_wait, so the epoch read is the resolver's.
-__device__ __forceinline__ void copy_arrive(const CopyParams& c, int r) {
-  if (c.ready == nullptr) return;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    const uint32_t e = __ldcg(c.epoch);
-    if (blockIdx.x == 0) st_release(c.ready + c.num_reqs, e);
-    __threadfence();
-    const uint32_t n = atomicAdd(c.arrive + r, 1u);
-    if (n == uint32_t(c.blocks_per_req) - 1u) {
-      c.arrive[r] = 0u;  // no block of this step reads it again
-      __threadfence();
-      st_release(c.ready + r, e);
-    }
-  }
-}
-
-// Copies the claimed rows: request blockIdx.x / blocks_per_req, the part blockIdx.x %
-// blocks_per_req of its 16-byte pieces (strided, kCopyRoundUnroll loads in flight per thread).
-// A PDL launch: the blocks are resident while resolve_kernel runs. Each waits for its own flag
-// (raised by the resolve block right after classification, with the job list complete), clears
-// it, and issues its first round of host loads at once; only the stores wait for the resolver's
-// end (griddepcontrol.wait), when the victims are in the map. Later rounds (large steps) load and
-// store in turn. No deadlock: the resolve blocks have all started (each triggers the launch at its
-// first instruction) and none waits for a copy block.
-__global__ void __launch_bounds__(kCopyThreads) copy_kernel(CopyParams c) {
-  // A programmatic dependent launch behind this kernel may start its blocks on free SMs now; they
-  // wait for this grid's end, which follows the resolver's (every block waits for it).
-  ptx::pdl_launch_dependents();
-  phase_max(c.phase, kPhCopyStart);
-  const int r = int(blockIdx.x) / c.blocks_per_req, part = int(blockIdx.x) % c.blocks_per_req;
-  if (c.early) {
-    copy_early(c, r, part);
-    copy_arrive(c, r);
-    phase_max(c.phase, kPhCopyEnd);
-    return;
-  }
+// copy_kernel's job-list mode: the rows the resolver listed for request r, part `part` of them.
+__device__ __forceinline__ void copy_jobs(const CopyParams& c, int r, int part) {
   __shared__ int s_count;
   if (threadIdx.x == 0) {
     volatile uint32_t* flag = c.flags + int64_t(r) * kTieredCopyFlags + part;
@@ -1143,6 +1148,7 @@ __global__ void __launch_bounds__(kCopyThreads) copy_kernel(CopyParams c) {
   int base = part * kCopyThreads + int(threadIdx.x);
   CopyRound rd;
   if (c.late) ptx::pdl_wait();
+  if (total > 0) copy_throttle(c, r);  // uniform: s_count is the block's
   copy_load(c, jobs, base, width, total, rd);  // before the victims are chosen
   phase_max(c.phase, kPhCopyLoads);
   ptx::pdl_wait();  // resolve_kernel's end: map final (a no-op unless launched with PDL)
@@ -1154,7 +1160,33 @@ __global__ void __launch_bounds__(kCopyThreads) copy_kernel(CopyParams c) {
       copy_store(c, jobs, map, hot, base, width, total, rd);
     }
   }
-  copy_arrive(c, r);
+}
+
+// Copies the claimed rows: request blockIdx.x / blocks_per_req, the part blockIdx.x %
+// blocks_per_req of its 16-byte pieces (strided, kCopyRoundUnroll loads in flight per thread).
+// A PDL launch: the blocks are resident while resolve_kernel runs. Each waits for its own flag
+// (raised by the resolve block right after classification, with the job list complete), clears
+// it, and issues its first round of host loads at once; only the stores wait for the resolver's
+// end (griddepcontrol.wait), when the victims are in the map. Later rounds (large steps) load and
+// store in turn. No deadlock: the resolve blocks have all started (each triggers the launch at its
+// first instruction) and none waits for a copy block.
+__global__ void __launch_bounds__(kCopyThreads, 4) copy_kernel(CopyParams c) {
+  // A programmatic dependent launch behind this kernel may start its blocks on free SMs now; they
+  // wait for this grid's end, which follows the resolver's (every block waits for it).
+  ptx::pdl_launch_dependents();
+  phase_max(c.phase, kPhCopyStart);
+  __shared__ int s_id;
+  if (threadIdx.x == 0) {
+    uint32_t id = blockIdx.x;
+    if (c.ticket != nullptr) id = atomicInc(c.ticket, gridDim.x - 1u) % gridDim.x;  // start order
+    s_id = int(id);
+  }
+  __syncthreads();
+  const int r = s_id / c.blocks_per_req, part = s_id % c.blocks_per_req;
+  if (c.early) copy_early(c, r, part);
+  else copy_jobs(c, r, part);
+  // One call site (two inlined copies cost the kernel its 64 registers): r read again from shared memory.
+  copy_arrive(c, *reinterpret_cast<volatile int*>(&s_id) / c.blocks_per_req);
   phase_max(c.phase, kPhCopyEnd);
 }
 
@@ -1716,6 +1748,8 @@ void resolve_tiered(const TieredCache& cache, const TieredResolveParams& p, void
   cp.block_table = k.block_table, cp.bt_stride = k.bt_stride, cp.max_blocks = k.max_blocks;
   cp.block_size = k.block_size, cp.block_stride_rows = k.block_stride_rows;
   cp.ready = ready_words, cp.arrive = arrive_words, cp.epoch = epoch_word, cp.num_reqs = p.num_reqs;
+  cp.ticket = epoch_word + 1;
+  cp.window = int(std::max<int64_t>(1, (kCopyWindowBlocks + blocks_per_req - 1) / blocks_per_req));
   // A PDL launch: its blocks become resident while resolve_kernel runs (every resolve block
   // triggers at its start), start their host reads at their flag and wait in pdl_wait() for its
   // end before storing, so no launch gap and no victim choice sits before the host reads.
