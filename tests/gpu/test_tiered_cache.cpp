@@ -132,13 +132,14 @@ struct StepMaker {
   int no_miss_every = 0;    // > 0: every request r with r % no_miss_every == 0 reuses only hot positions (no miss)
   std::vector<int32_t> lens;
   std::vector<std::vector<int32_t>> prev;
+  std::vector<int32_t> prev_newest;  // the newest position (slot R - 1, not in the map) of each request's last active step
   StepMaker(int K_, int reqs_, int tpr_, std::mt19937_64& rng, int32_t max_len)
-      : K(K_), reqs(reqs_), tpr(tpr_), lens(static_cast<size_t>(reqs_)), prev(static_cast<size_t>(reqs_)) {
+      : K(K_), reqs(reqs_), tpr(tpr_), lens(static_cast<size_t>(reqs_)), prev(static_cast<size_t>(reqs_)),
+        prev_newest(static_cast<size_t>(reqs_), -1) {
     for (auto& l : lens) l = int32_t(1 + rng() % uint64_t(max_len / 2));
   }
   Step next(std::mt19937_64& rng, double reuse, int32_t max_len) {
     Step s;
-    const std::vector<int32_t> old_lens = lens;
     for (int r = 0; r < reqs; ++r)
       if (lens[size_t(r)] < max_len) lens[size_t(r)] += 1;  // the token decoded last step
     s.lens = lens;
@@ -161,13 +162,14 @@ struct StepMaker {
           if (no_miss_every > 0 && r % no_miss_every == 0 && p >= 0 && p < len - 1) {
             const auto& pv = prev[size_t(r)];
             p = pv.empty() ? -1 : pv[rng() % pv.size()];
-            if (p == old_lens[size_t(r)] - 1 || p >= len - 1) p = -1;
+            if (p == prev_newest[size_t(r)] || p >= len - 1) p = -1;
           }
           s.pos.push_back(p);
           if (p >= 0 && p < len) cur.push_back(p);
         }
       }
       prev[size_t(r)] = cur;
+      prev_newest[size_t(r)] = lens[size_t(r)] - 1;
     }
     return s;
   }

@@ -44,6 +44,14 @@
 // in an all-hit step copy_kernel's blocks read a zero count from their flag (before the resolver
 // ends) and exit at its end.
 //
+// The attention hand-off (s14, smla::TieredReady, docs/perf-history.md s14-hisparse-overlap): block
+// 0 of resolve_kernel advances the state's epoch word before its launch trigger; each copy block
+// takes its (request, part) from a ticket counter in start order, issues its host reads only once
+// request r - window is ready (copy_throttle: the requests land about in order), and at its end
+// arrives on its request's count; the last one raises the request's ready word to the epoch with
+// release (copy_arrive). The attention, launched next as a programmatic dependent of copy_kernel,
+// waits per block for its own request's word (sm90 wait_inputs) instead of the whole copy grid.
+//
 // One-grid step (s13, onegrid_kernel below; the default where the call allows it: one token per
 // request with req_of_token null, R <= 4608, and num_reqs x (1 + G) blocks resident at once, so
 // B <= 7 at K = 2048 on an H200): one cooperative launch instead of the two above. Per request, G
@@ -96,9 +104,11 @@ constexpr int kCopyUnroll = 16;  // 16-byte host loads in flight per thread: 64 
 // 8.7 MB in flight per round, far above what the ~55 GB/s link needs to stay busy).
 constexpr int kCopyRoundUnroll = 8;
 constexpr int kCopyBlocksPerSm = 2;
-// Request order (s14, copy_throttle): about this many copy blocks read host memory at once (32 of
-// 256 threads x 8 x 16 B each: up to 1 MB in flight, B = 32 at 90 % reuse: 4 requests, 0.54 MB).
-constexpr int kCopyWindowBlocks = 32;
+// Request order (s14, copy_throttle): about this many copy blocks read host memory at once (64 of
+// 256 threads x 8 x 16 B each: up to 2 MB in flight; B = 32 at 90 % reuse: 8 requests, 1.07 MB;
+// B = 128: 32 requests). Larger than the link needs (~55 GB/s x a few µs), as a margin for the
+// arrival and flag round trips between one request's rows and the next one's start.
+constexpr int kCopyWindowBlocks = 64;
 int copy_blocks_override = 0;        // set_tiered_copy_blocks_for_testing (0: the launcher's choice)
 int one_grid_mode = 0;               // set_tiered_one_grid_for_testing (0: where the shape allows it, 1: never)
 bool copy_late = false;              // set_tiered_copy_late_for_testing: the first loads wait for the resolver's end
@@ -1162,17 +1172,21 @@ __device__ __forceinline__ void copy_jobs(const CopyParams& c, int r, int part) 
   }
 }
 
-// Copies the claimed rows: request blockIdx.x / blocks_per_req, the part blockIdx.x %
-// blocks_per_req of its 16-byte pieces (strided, kCopyRoundUnroll loads in flight per thread).
+// Copies the claimed rows: request id / blocks_per_req, the part id % blocks_per_req of its 16-byte
+// pieces (strided, kCopyRoundUnroll loads in flight per thread), id the block's ticket (its start
+// order; s14).
 // A PDL launch: the blocks are resident while resolve_kernel runs. Each waits for its own flag
 // (raised by the resolve block right after classification, with the job list complete), clears
 // it, and issues its first round of host loads at once; only the stores wait for the resolver's
 // end (griddepcontrol.wait), when the victims are in the map. Later rounds (large steps) load and
 // store in turn. No deadlock: the resolve blocks have all started (each triggers the launch at its
-// first instruction) and none waits for a copy block.
+// first instruction; block 0 after the epoch) and none waits for a copy block; a copy block waits
+// otherwise only for blocks with earlier tickets (copy_throttle), which have started.
+// 64 registers at most (the launch bound): one block then fits beside a resolve block (94 x 512).
 __global__ void __launch_bounds__(kCopyThreads, 4) copy_kernel(CopyParams c) {
-  // A programmatic dependent launch behind this kernel may start its blocks on free SMs now; they
-  // wait for this grid's end, which follows the resolver's (every block waits for it).
+  // The attention (a programmatic dependent launch behind this kernel, s14) may start its blocks once
+  // every copy block has passed this line, so all of them are resident (or done) before any attention
+  // block can hold an SM; each attention block waits only for its request's ready word (copy_arrive).
   ptx::pdl_launch_dependents();
   phase_max(c.phase, kPhCopyStart);
   __shared__ int s_id;
