@@ -31,8 +31,9 @@
 // most kTieredCopyFlags, about 2 x #SMs blocks in all; up to kCopyRoundUnroll loads in flight per
 // thread per round.
 //
-// Early mode (s11; one token per request and a request's copy
-// blocks covering its K entries at one per thread): the copy blocks do not wait for a job list.
+// Early mode (s11; one token per request, a request's copy blocks covering its K entries at one
+// per thread, and, s14, the copy grid fitting the SMs free of resolve blocks): the copy blocks do
+// not wait for a job list.
 // Each reads its own share of the token's entries (positions, map, block table) at its start and
 // issues the host reads of the misses it sees before the resolver has claimed anything; the
 // resolver writes no job list and raises the flags just before its first victim map write, which
@@ -1691,7 +1692,13 @@ void resolve_tiered(const TieredCache& cache, const TieredResolveParams& p, void
   // Early mode (copy_early): one token per request (token t -> request t, or a request map with at
   // most one token per request), and every entry of a token held by one copy thread. Depends on
   // the call's shape only, like the grid.
-  const bool early_on = early_read_mode == 0 || early_read_mode >= 2;
+  // The launcher's choice (mode 0) also asks that the copy grid fit the SMs the resolve blocks leave
+  // free (s14): a copy block beside a resolve block, its host reads out before the resolver raises
+  // the flags, held that block's __threadfence in publish_before_assign until the reads drained
+  // (H200, B = 32 at 90 % reuse: "ranked" at 99 µs, 88 µs after the search; docs/perf-history.md
+  // s14-hisparse-overlap). The job list fences before any host read starts.
+  const bool early_on = early_read_mode >= 2 ||
+                        (early_read_mode == 0 && int64_t(blocks_per_req) * p.num_reqs <= int64_t(sms) - p.num_reqs);
   k.phase = phase_buffer;
   k.early = early_on && !copy_late && (p.req_of_token == nullptr || c.max_tokens_per_request == 1) &&
             int64_t(blocks_per_req) * kCopyThreads >= p.topk;
