@@ -101,6 +101,7 @@ struct TieredReady {
   const uint32_t* epoch = nullptr;         // the step's epoch (written before the copy grid starts)
   const int32_t* req_of_token = nullptr;   // nullable [T] (null: token t -> request t), as resolved
   int num_reqs = 0;
+  int64_t num_tokens = 0;                  // T of the resolved step: the attention must read the same tokens
 };
 
 // One resolver step. Pointers are device pointers for the CUDA resolver (the host pool: a pinned

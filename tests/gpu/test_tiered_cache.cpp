@@ -1020,8 +1020,8 @@ TEST(TieredGpu, OverlapGraphReplay) {
 
 // The overlapped attention with bad input: tokens whose request id has no hot buffer in the step
 // (-1, and 7 >= num_reqs = 2) wait on word num_reqs, come out empty (out 0, LSE -inf) and count as
-// errors, while the good tokens match the CPU reference; a hand-off with flags but no epoch word is
-// refused before launch.
+// errors, while the good tokens match the plain attention; a hand-off with flags but no epoch word, or
+// given to an attention over other tokens than the step's, is refused before launch.
 TEST(TieredGpu, OverlapBadRequests) {
   REQUIRE_GPU();
   const uint64_t seed = fresh_seed();
@@ -1079,6 +1079,12 @@ TEST(TieredGpu, OverlapBadRequests) {
     ADD_FAILURE() << "expected an error naming TieredReady";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("TieredReady"), std::string::npos) << e.what();
+  }
+  try {  // an attention over fewer tokens than the resolved step
+    att.run(att.params(3, w.d_hot, w.cache.hot_rows(), w.cache.hot_row_stride_bytes(), d_phys, d_counts), nullptr, ready);
+    ADD_FAILURE() << "expected an error naming the resolved step's tokens";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("the resolved step had 4"), std::string::npos) << e.what();
   }
   for (void* q : {static_cast<void*>(d_pos), static_cast<void*>(d_lens), static_cast<void*>(d_req),
                   static_cast<void*>(d_phys), static_cast<void*>(d_counts)})

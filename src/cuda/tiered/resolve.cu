@@ -1787,7 +1787,7 @@ void resolve_tiered(const TieredCache& cache, const TieredResolveParams& p, void
   check_launch("copy_kernel");
   if (ready != nullptr) {
     ready->flags = ready_words, ready->epoch = epoch_word, ready->req_of_token = p.req_of_token;
-    ready->num_reqs = p.num_reqs;
+    ready->num_reqs = p.num_reqs, ready->num_tokens = p.num_tokens;
   }
 }
 

@@ -183,6 +183,9 @@ void sparse_mla(const SparseMlaParams& p, void* workspace, size_t workspace_byte
   if (waits) {
     SMLA_CHECK(after->epoch != nullptr && after->num_reqs >= 1,
                "TieredReady: flags without an epoch word or with num_reqs < 1; pass the one cuda::resolve_tiered filled");
+    SMLA_CHECK(p.num_tokens == after->num_tokens,
+               "TieredReady: the attention reads " + std::to_string(p.num_tokens) + " tokens but the resolved step had " +
+                   std::to_string(after->num_tokens) + "; run the attention over the step's tokens (idx = its phys rows)");
     kp.ready = after->flags, kp.ready_epoch = after->epoch, kp.ready_req = after->req_of_token;
     kp.ready_num_reqs = after->num_reqs;
   }
