@@ -6,7 +6,6 @@
 #include <string>
 
 #include "smla/params.h"
-#include "smla/tiered.h"
 #include "smla/support.h"
 
 namespace smla::cuda {
@@ -29,12 +28,8 @@ size_t sparse_mla_workspace_bytes(const SparseMlaParams& p, int num_sms, int num
 // fixes the split of every row's top-k (a plan's schedule; the batch-invariant mode); 0 lets the
 // launcher choose from T. batch_invariant: the same kernel for every T (cuda_variant_for's small-call
 // rule off), as a batch-invariant plan runs.
-// after (nullable; smla::TieredReady): this launch follows cuda::resolve_tiered directly on `stream`
-// and reads its hot buffer, ids and counts; a variant that supports it (h64.ws, h64.ws.q8) starts
-// while the copy blocks still read host memory, each block waiting for its own request. Ignored
-// (a plain launch after the whole resolve) when empty or by the other variants.
 void sparse_mla(const SparseMlaParams& p, void* workspace, size_t workspace_bytes, void* stream,
-                int num_splits = 0, bool batch_invariant = false, const TieredReady* after = nullptr);
+                int num_splits = 0, bool batch_invariant = false);
 
 // Convenience for the CLI and tests: p holds HOST pointers; copies inputs to device 0, runs,
 // copies out/lse back and synchronizes. kv_bytes: bytes of the cache buffer p.kv points to.

@@ -37,10 +37,7 @@ void invalidate_tiered_positions(const TieredCache& cache, void* state, size_t s
 // pinned host memory as soon as each request's misses are known, and stores them at the end.
 // Every call with num_reqs > 0 launches both (the state's hand-off flags are cleared by the
 // second); an aborted call leaves the state to reset_tiered_state.
-// ready (nullable): the hand-off to the attention launched next on `stream` (smla::TieredReady;
-// Plan::run's `after`): filled when the step took the two-kernel path, emptied otherwise.
-void resolve_tiered(const TieredCache& cache, const TieredResolveParams& p, void* stream,
-                    TieredReady* ready = nullptr);
+void resolve_tiered(const TieredCache& cache, const TieredResolveParams& p, void* stream);
 
 // The counters, copied to the host (synchronizes `stream`: for logs and tests, not the hot path).
 TieredCounters read_tiered_counters(const TieredCache& cache, const void* state, void* stream);

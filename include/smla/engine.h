@@ -15,7 +15,6 @@
 #include "smla/api.h"
 #include "smla/params.h"
 #include "smla/support.h"
-#include "smla/tiered.h"
 
 namespace smla {
 
@@ -49,12 +48,6 @@ class Plan {
   // (a cudaStream_t; ignored by the CPU backend). Throws Error before any launch when p is outside
   // the plan or the workspace is too small.
   void run(const SparseMlaParams& p, void* workspace, size_t workspace_bytes, void* stream = nullptr) const;
-  // The same run right after cuda::resolve_tiered on `stream` (nothing launched between them), p
-  // reading its hot buffer, ids and counts: with `after` as that call filled it, the attention's
-  // blocks start while the missing rows still arrive, each waiting for its own request
-  // (smla/tiered.h TieredReady; an empty one, or a kernel without the wait, runs as run() does).
-  void run(const SparseMlaParams& p, void* workspace, size_t workspace_bytes, void* stream,
-           const TieredReady& after) const;
 
   // Checks p against the plan without running it.
   void check(const SparseMlaParams& p, size_t workspace_bytes) const;

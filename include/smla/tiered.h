@@ -76,32 +76,12 @@ static_assert(sizeof(TieredCounters) == 48);
 struct TieredStateLayout {
   size_t counters = 0;  // TieredCounters
   size_t stamps = 0;    // [max_requests, R] uint32 LRU stamps (0: never used); slot R - 1's: the request's clock
-  size_t ready = 0;     // the CUDA resolver's hand-off to the attention (TieredReady, s14): [max_requests + 1]
-                        // uint32 ready words (request r's rows and ids in place when word r = the step's
-                        // epoch; word num_reqs: every id of the step written), then [max_requests] uint32
-                        // arrival counts of the copy blocks (0 between steps), then the epoch word
   size_t copy_flags = 0;  // [max_requests, kTieredCopyFlags] uint32: the CUDA resolver's hand-off words to its
                           // copy blocks (a step's miss count + 1 while in flight; 0 between steps)
   size_t zero_end = 0;  // [0, zero_end) starts 0
   size_t slot_pos = 0;  // [max_requests, R] int32 position held by each slot (-1: none)
   size_t pos_slot = 0;  // [max_requests, max_positions] int32 slot of each position (-1: not hot)
   size_t total = 0;     // state_bytes(); [zero_end, total) starts -1
-};
-
-// The hand-off of one resolved step (CUDA resolver, two-kernel path) to the attention launched
-// right after it on the same stream (Plan::run's `after`; docs/perf-history.md s14-hisparse-overlap):
-// the attention's blocks start while the copy blocks still read host memory, and each waits only
-// for its own request (word r of `flags` equal to the step's epoch, read with acquire) before it
-// reads counts, ids and rows. Device pointers into the tiered state; filled by cuda::resolve_tiered,
-// empty (flags null: the attention runs after the whole resolve, as before) when the step took a
-// path without ready words (the one-grid step, num_reqs = 0). Valid for the next launch on that
-// stream only: nothing may be launched between the resolve and the attention it is given to.
-struct TieredReady {
-  const uint32_t* flags = nullptr;         // [num_reqs + 1]; word num_reqs: tokens without a hot buffer
-  const uint32_t* epoch = nullptr;         // the step's epoch (written before the copy grid starts)
-  const int32_t* req_of_token = nullptr;   // nullable [T] (null: token t -> request t), as resolved
-  int num_reqs = 0;
-  int64_t num_tokens = 0;                  // T of the resolved step: the attention must read the same tokens
 };
 
 // One resolver step. Pointers are device pointers for the CUDA resolver (the host pool: a pinned

@@ -97,11 +97,6 @@ void Plan::check(const SparseMlaParams& p, size_t workspace_bytes) const {
 }
 
 void Plan::run(const SparseMlaParams& p, void* workspace, size_t workspace_bytes, void* stream) const {
-  run(p, workspace, workspace_bytes, stream, TieredReady{});
-}
-
-void Plan::run(const SparseMlaParams& p, void* workspace, size_t workspace_bytes, void* stream,
-               const TieredReady& after) const {
   check(p, workspace_bytes);
   SMLA_CHECK(workspace_bytes_ == 0 || workspace != nullptr, "workspace is null but the plan needs " +
                                                                   s(int64_t(workspace_bytes_)) + " bytes");
@@ -111,10 +106,9 @@ void Plan::run(const SparseMlaParams& p, void* workspace, size_t workspace_bytes
     return;
   }
 #if SMLA_HAVE_CUDA
-  cuda::sparse_mla(p, workspace, workspace_bytes, stream, schedule_for(p.num_tokens).num_splits, cfg_.batch_invariant,
-                   &after);
+  cuda::sparse_mla(p, workspace, workspace_bytes, stream, schedule_for(p.num_tokens).num_splits, cfg_.batch_invariant);
 #else
-  (void)stream, (void)after;
+  (void)stream;
   fail("this build has no CUDA backend");
 #endif
 }

@@ -58,8 +58,6 @@ TieredCache::TieredCache(const TieredCacheConfig& cfg) : cfg_(cfg) {
   size_t off = 0;
   layout_.counters = off, off = align256(off + sizeof(TieredCounters));
   layout_.stamps = off, off = align256(off + slots * sizeof(uint32_t));
-  // Ready words [max_requests + 1], arrival counts [max_requests], the epoch word (and one spare).
-  layout_.ready = off, off = align256(off + (2 * size_t(cfg.max_requests) + 3) * sizeof(uint32_t));
   layout_.copy_flags = off, off = align256(off + size_t(cfg.max_requests) * kTieredCopyFlags * sizeof(uint32_t));
   layout_.zero_end = off;
   layout_.slot_pos = off, off = align256(off + slots * sizeof(int32_t));

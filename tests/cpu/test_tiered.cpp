@@ -226,8 +226,7 @@ TEST(Tiered, Sizes) {
   auto up = [](size_t v) { return (v + 255) / 256 * 256; };
   EXPECT_EQ(L.counters, 0u);
   EXPECT_EQ(L.stamps, 256u);
-  EXPECT_EQ(L.ready, 256 + up(3 * R * 4));
-  EXPECT_EQ(L.copy_flags, L.ready + up((2 * 3 + 3) * 4));  // 3 + 1 ready words, 3 arrival counts, the epoch, a spare
+  EXPECT_EQ(L.copy_flags, 256 + up(3 * R * 4));
   EXPECT_EQ(L.zero_end, L.copy_flags + up(3 * 128 * 4));  // 128 hand-off words per request
   EXPECT_EQ(L.slot_pos, L.zero_end);
   EXPECT_EQ(L.pos_slot, L.slot_pos + up(3 * R * 4));

@@ -11,7 +11,6 @@
 #include "../common/gpu_test.h"
 
 #include <algorithm>
-#include <cmath>
 #include <cstring>
 #include <functional>
 #include <numeric>
@@ -129,13 +128,10 @@ struct Step {
 struct StepMaker {
   int K, reqs, tpr;
   bool all_active = false;  // every request has tpr tokens, in request order (req_of_token may be null)
-  int no_miss_every = 0;    // > 0: every request r with r % no_miss_every == 0 reuses only hot positions (no miss)
   std::vector<int32_t> lens;
   std::vector<std::vector<int32_t>> prev;
-  std::vector<int32_t> prev_newest;  // the newest position (slot R - 1, not in the map) of each request's last active step
   StepMaker(int K_, int reqs_, int tpr_, std::mt19937_64& rng, int32_t max_len)
-      : K(K_), reqs(reqs_), tpr(tpr_), lens(static_cast<size_t>(reqs_)), prev(static_cast<size_t>(reqs_)),
-        prev_newest(static_cast<size_t>(reqs_), -1) {
+      : K(K_), reqs(reqs_), tpr(tpr_), lens(static_cast<size_t>(reqs_)), prev(static_cast<size_t>(reqs_)) {
     for (auto& l : lens) l = int32_t(1 + rng() % uint64_t(max_len / 2));
   }
   Step next(std::mt19937_64& rng, double reuse, int32_t max_len) {
@@ -157,19 +153,11 @@ struct StepMaker {
           else if (rng() % 16 == 0) p = std::vector<int32_t>{-1, -5, len, len + 9, len - 1}[rng() % 5];
           else if (!prev[size_t(r)].empty() && double(rng() % 1000) < reuse * 1000) p = prev[size_t(r)][rng() % prev[size_t(r)].size()];
           else p = int32_t(rng() % uint64_t(len));
-          // A no-miss request: only positions hot after the previous step (its rows then, but not its
-          // newest one, which was in slot R - 1 and is an old position now), or invalid ones.
-          if (no_miss_every > 0 && r % no_miss_every == 0 && p >= 0 && p < len - 1) {
-            const auto& pv = prev[size_t(r)];
-            p = pv.empty() ? -1 : pv[rng() % pv.size()];
-            if (p == prev_newest[size_t(r)] || p >= len - 1) p = -1;
-          }
           s.pos.push_back(p);
           if (p >= 0 && p < len) cur.push_back(p);
         }
       }
       prev[size_t(r)] = cur;
-      prev_newest[size_t(r)] = lens[size_t(r)] - 1;
     }
     return s;
   }
@@ -273,10 +261,6 @@ struct Attention {
     return p;
   }
   void run(const SparseMlaParams& p, cudaStream_t s) const { plan.run(p, d_ws, plan.workspace_bytes(), s); }
-  // Right after cuda::resolve_tiered on s: the overlapped attention (s14) when `after` is filled.
-  void run(const SparseMlaParams& p, cudaStream_t s, const TieredReady& after) const {
-    plan.run(p, d_ws, plan.workspace_bytes(), s, after);
-  }
   std::vector<uint8_t> out_bytes(int64_t T) const {
     const auto v = to_host(reinterpret_cast<const uint8_t*>(d_out), size_t(T) * H * kLatentDim * 2);
     return v;
@@ -297,18 +281,8 @@ void expect_same_resolution(Tiered& w, const Step& s, const int32_t* d_phys, con
   const auto st = to_host(w.d_state, w.cache.state_bytes());
   const auto& L = w.cache.state_layout();
   // Stamps, the copy hand-off flags (each back to 0 after the step), slot positions and the map.
-  EXPECT_EQ(0, std::memcmp(st.data() + L.stamps, w.state.data() + L.stamps, L.ready - L.stamps))
-      << fmt << " step " << step << ": stamps differ";
-  EXPECT_EQ(0, std::memcmp(st.data() + L.copy_flags, w.state.data() + L.copy_flags, L.total - L.copy_flags))
-      << fmt << " step " << step << ": map / slot positions / hand-off flags differ";
-  // The attention hand-off (TieredReady): the copy blocks' arrival counts and ticket back to 0.
-  {
-    const int n = w.cache.config().max_requests;
-    std::vector<uint32_t> words(size_t(2 * n + 3));
-    std::memcpy(words.data(), st.data() + L.ready, words.size() * 4);
-    for (int r = 0; r < n; ++r) EXPECT_EQ(words[size_t(n + 1 + r)], 0u) << fmt << " step " << step << ": arrival count " << r;
-    EXPECT_EQ(words[size_t(2 * n + 2)], 0u) << fmt << " step " << step << ": copy ticket";
-  }
+  EXPECT_EQ(0, std::memcmp(st.data() + L.stamps, w.state.data() + L.stamps, L.total - L.stamps))
+      << fmt << " step " << step << ": map / slot positions / stamps / hand-off flags differ";
   TieredCounters g, c;
   std::memcpy(&g, st.data() + L.counters, sizeof(g));
   std::memcpy(&c, w.state.data() + L.counters, sizeof(c));
@@ -338,8 +312,6 @@ struct Shape {
   int K = 100, reqs = 6, tpr = 2;
   int64_t max_positions = 700;
   bool null_req_of = false;  // one token per request, every step, and req_of_token null on the GPU
-  int no_miss_every = 0;     // StepMaker::no_miss_every
-  bool expect_overlap = false;  // the two-kernel path must hand the attention its ready words (TieredReady)
   std::function<Step(int)> script;  // when set: step i's positions, request map and lengths (no StepMaker)
 };
 
@@ -363,7 +335,6 @@ void run_sequence(KvFormat f, int rope_dim, int steps, uint64_t seed, int hot_sl
   std::mt19937_64 rng(seed ^ 0x9e3779b97f4a7c15ull);
   StepMaker mk(K, reqs, tpr, rng, int32_t(cfg.max_positions));
   mk.all_active = shape.null_req_of;
-  mk.no_miss_every = shape.no_miss_every;
   Attention att(f, rope_dim, K, int64_t(reqs) * tpr, rng);
   const int64_t maxT = int64_t(reqs) * tpr;
   int32_t* d_pos = dev_alloc<int32_t>(size_t(maxT) * K);
@@ -403,27 +374,12 @@ void run_sequence(KvFormat f, int rope_dim, int steps, uint64_t seed, int hot_sl
     p.num_tokens = s.T(), p.positions = d_pos, p.pos_stride_t = K, p.topk = K;
     p.req_of_token = shape.null_req_of ? nullptr : d_req;
     p.seq_lens = d_lens, p.phys = d_phys, p.phys_stride_t = K, p.counts = d_counts;
-    if (s.T() > 0) att.poison(s.T());
-    // The step as a decode loop runs it: resolve, then at once the attention over the hot buffer
-    // (two-kernel path: its blocks wait per request, TieredReady; one-grid path: after the step).
-    TieredReady ready;
-    cuda::resolve_tiered(w.cache, p, nullptr, &ready);
-    if (shape.expect_overlap) EXPECT_NE(ready.flags, nullptr) << fmt << " step " << step << ": no attention hand-off";
-    if (s.T() > 0)
-      att.run(att.params(s.T(), w.d_hot, w.cache.hot_rows(), w.cache.hot_row_stride_bytes(), d_phys, d_counts), nullptr,
-              ready);
+    cuda::resolve_tiered(w.cache, p, nullptr);
     CUDA_EXPECT(cudaDeviceSynchronize());
     expect_same_resolution(w, s, d_phys, d_counts, phys, counts, step, fmt);
-    if (ready.flags != nullptr) {  // every request's ready word (and word num_reqs) holds the step's epoch
-      const auto words = to_host(ready.flags, size_t(ready.num_reqs) + 1);
-      const auto epoch = to_host(ready.epoch, 1);
-      for (int r = 0; r <= ready.num_reqs; ++r) EXPECT_EQ(words[size_t(r)], epoch[0]) << fmt << " step " << step << " ready word " << r;
-    }
 
     // Attention over the hot buffer against the same rows resident in a full device cache.
     if (s.T() == 0) continue;
-    const auto out_hot = att.out_bytes(s.T());
-    const auto lse_hot = att.lse(s.T());
     CUDA_EXPECT(cudaMemcpy(d_resident, w.pool, size_t(w.pool_rows) * w.cache.row_bytes(), cudaMemcpyHostToDevice));
     IndexConvertParams ic;
     ic.positions = d_pos, ic.pos_stride_t = K, ic.num_tokens = s.T(), ic.topk = K, ic.req_of_token = d_req;
@@ -446,8 +402,12 @@ void run_sequence(KvFormat f, int rope_dim, int steps, uint64_t seed, int hot_sl
     CUDA_EXPECT(cudaDeviceSynchronize());
     const auto out_res = att.out_bytes(s.T());
     const auto lse_res = att.lse(s.T());
+    att.poison(s.T());
+    att.run(att.params(s.T(), w.d_hot, w.cache.hot_rows(), w.cache.hot_row_stride_bytes(), d_phys, d_counts), nullptr);
+    CUDA_EXPECT(cudaDeviceSynchronize());
     EXPECT_EQ(to_host(d_rcounts, size_t(s.T())), counts) << fmt << " step " << step;
-    EXPECT_TRUE(out_hot == out_res) << fmt << " step " << step << ": out over the hot buffer is not bit-identical";
+    EXPECT_TRUE(att.out_bytes(s.T()) == out_res) << fmt << " step " << step << ": out over the hot buffer is not bit-identical";
+    const auto lse_hot = att.lse(s.T());
     EXPECT_EQ(0, std::memcmp(lse_hot.data(), lse_res.data(), lse_res.size() * 4)) << fmt << " step " << step << ": LSE differs";
     cudaFree(d_clipped);
   }
@@ -890,204 +850,6 @@ TEST(TieredGpu, GraphReplayAcrossSteps) {
   cudaStreamDestroy(st);
   for (void* q : {static_cast<void*>(d_pos), static_cast<void*>(d_lens), static_cast<void*>(d_phys),
                   static_cast<void*>(d_counts)})
-    cudaFree(q);
-}
-
-// The HiSparse overlap (s14, docs/perf-history.md s14-hisparse-overlap): on the two-kernel path the
-// attention is a programmatic dependent of the copy kernel and each of its blocks waits only for its
-// token's request (TieredReady; run_sequence launches it right after the resolve). B >= 32: 32
-// requests of K = 2048 (8 copy blocks each, the copy blocks' own reads, a request-order window of 4),
-// 40 requests of K = 512 with up to two tokens each (the job list), 130 requests of K = 256 (2 copy
-// blocks each, window 16) and 33 of K = 1024 with req_of_token null. Every 3rd / 4th / 5th request
-// reuses only hot rows (no miss: its word rises when its copy blocks pass the resolver's end), the
-// others miss 0 / 50 / 90 / 100 % of their rows by step, with idle requests, empty rows and invalid
-// entries. Each step equals the CPU reference, every ready word holds the step's epoch, the copy
-// blocks' counts are back to 0, and the attention over the hot buffer is bit-identical to the resident cache.
-TEST(TieredGpu, OverlapMatches) {
-  REQUIRE_GPU();
-  const uint64_t seed = fresh_seed();
-  SCOPED_TRACE("seed " + std::to_string(seed));
-  Shape b32;
-  b32.K = 2048, b32.reqs = 32, b32.tpr = 1, b32.max_positions = 4096, b32.no_miss_every = 3, b32.expect_overlap = true;
-  run_sequence(KvFormat::kFP8DsMla, kRopeDim, 8, seed + 800, 0, 0, b32);
-  Shape b40;
-  b40.K = 512, b40.reqs = 40, b40.tpr = 2, b40.max_positions = 2048, b40.no_miss_every = 4, b40.expect_overlap = true;
-  run_sequence(KvFormat::kBF16, kRopeDim, 6, seed + 801, 0, 0, b40);
-  Shape b130;
-  b130.K = 256, b130.reqs = 130, b130.tpr = 1, b130.max_positions = 1024, b130.no_miss_every = 5;
-  b130.expect_overlap = true;
-  run_sequence(KvFormat::kFP8DsMla, kRopeDim, 6, seed + 802, 0, 0, b130);
-  Shape b33;
-  b33.K = 1024, b33.reqs = 33, b33.tpr = 1, b33.max_positions = 3000, b33.null_req_of = true, b33.no_miss_every = 3;
-  b33.expect_overlap = !one_grid_taken(b33, 0);
-  EXPECT_FALSE(one_grid_taken(b33, 0)) << "33 requests of K = 1024 should not fit one cooperative grid";
-  run_sequence(KvFormat::kNvFP4DsMla, kRopeDim, 5, seed + 803, 0, 0, b33);
-}
-
-// A small overlapped case for compute-sanitizer (racecheck / memcheck): 34 requests of K = 64.
-TEST(TieredGpu, OverlapSmall) {
-  REQUIRE_GPU();
-  const uint64_t seed = fresh_seed();
-  SCOPED_TRACE("seed " + std::to_string(seed));
-  Shape sh;
-  sh.K = 64, sh.reqs = 34, sh.tpr = 1, sh.max_positions = 400, sh.no_miss_every = 3, sh.expect_overlap = true;
-  run_sequence(KvFormat::kFP8DsMla, kRopeDim, 4, seed + 850, 0, 0, sh);
-}
-
-// Resolve + the overlapped attention captured once (two-kernel path, 34 requests through a request
-// map); the graph replays over new positions and lengths each step with no host reset of any word:
-// the ready words are compared against the epoch the resolver advances on the device.
-TEST(TieredGpu, OverlapGraphReplay) {
-  REQUIRE_GPU();
-  const uint64_t seed = fresh_seed();
-  SCOPED_TRACE("seed " + std::to_string(seed));
-  const int K = 256, reqs = 34;
-  TieredCacheConfig cfg;
-  cfg.format = KvFormat::kFP8DsMla, cfg.topk = K, cfg.max_requests = reqs, cfg.max_positions = 2000;
-  Tiered w(cfg, seed);
-  std::mt19937_64 rng(seed + 1);
-  StepMaker mk(K, reqs, 1, rng, int32_t(cfg.max_positions));
-  mk.no_miss_every = 4;
-  Attention att(cfg.format, kRopeDim, K, reqs, rng);
-  int32_t* d_pos = dev_alloc<int32_t>(size_t(reqs) * K);
-  int32_t* d_lens = dev_alloc<int32_t>(size_t(reqs));
-  int32_t* d_req = dev_alloc<int32_t>(size_t(reqs));
-  int32_t* d_phys = dev_alloc<int32_t>(size_t(reqs) * K);
-  int32_t* d_counts = dev_alloc<int32_t>(size_t(reqs));
-  std::vector<int32_t> ident(static_cast<size_t>(reqs));
-  std::iota(ident.begin(), ident.end(), 0);
-  to_dev(d_req, ident);
-  cudaStream_t st;
-  CUDA_OK(cudaStreamCreate(&st));
-  auto make_step = [&](double reuse) {
-    Step s;
-    do s = mk.next(rng, reuse, int32_t(cfg.max_positions));
-    while (s.T() != reqs);
-    return s;
-  };
-  TieredResolveParams p = w.params(true);
-  p.num_tokens = reqs, p.positions = d_pos, p.pos_stride_t = K, p.topk = K, p.req_of_token = d_req;
-  p.seq_lens = d_lens, p.phys = d_phys, p.phys_stride_t = K, p.counts = d_counts;
-  const SparseMlaParams ap = att.params(reqs, w.d_hot, w.cache.hot_rows(), w.cache.hot_row_stride_bytes(), d_phys, d_counts);
-  // Every kernel once before the capture: an empty step on both sides and attention over empty rows.
-  CUDA_OK(cudaMemset(d_phys, 0xff, size_t(reqs) * K * 4));
-  CUDA_OK(cudaMemset(d_counts, 0, size_t(reqs) * 4));
-  CUDA_OK(cudaMemset(d_lens, 0, size_t(reqs) * 4));
-  att.run(ap, st);
-  {
-    TieredResolveParams p0 = p;
-    p0.num_tokens = 0;
-    TieredReady r0;
-    cuda::resolve_tiered(w.cache, p0, st, &r0);
-    std::vector<int32_t> none_counts;
-    resolve_cpu(w, Step{}, K, none_counts);
-    CUDA_OK(cudaStreamSynchronize(st));
-  }
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  TieredReady ready;
-  CUDA_OK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-  cuda::resolve_tiered(w.cache, p, st, &ready);
-  att.run(ap, st, ready);
-  CUDA_OK(cudaStreamEndCapture(st, &graph));
-  ASSERT_NE(ready.flags, nullptr) << "34 requests through a request map take the two-kernel path";
-  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
-  for (int step = 0; step < 8; ++step) {
-    Step s = make_step(std::vector<double>{0.0, 0.5, 0.9, 1.0}[size_t(step % 4)]);
-    write_newest(w, s.lens, rng);
-    std::vector<int32_t> counts;
-    const auto phys = resolve_cpu(w, s, K, counts);
-    to_dev(d_pos, s.pos), to_dev(d_lens, s.lens), to_dev(d_req, s.req_of);
-    att.poison(reqs);
-    CUDA_OK(cudaGraphLaunch(exec, st));
-    CUDA_OK(cudaStreamSynchronize(st));
-    expect_same_resolution(w, s, d_phys, d_counts, phys, counts, step, "overlap graph");
-    const auto out_graph = att.out_bytes(reqs);
-    const auto lse_graph = att.lse(reqs);
-    att.poison(reqs);
-    att.run(ap, st);  // the same attention, plain, over the resolved hot buffer
-    CUDA_OK(cudaStreamSynchronize(st));
-    EXPECT_TRUE(att.out_bytes(reqs) == out_graph) << "step " << step;
-    EXPECT_EQ(0, std::memcmp(att.lse(reqs).data(), lse_graph.data(), lse_graph.size() * 4)) << "step " << step;
-  }
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  cudaStreamDestroy(st);
-  for (void* q : {static_cast<void*>(d_pos), static_cast<void*>(d_lens), static_cast<void*>(d_req),
-                  static_cast<void*>(d_phys), static_cast<void*>(d_counts)})
-    cudaFree(q);
-}
-
-// The overlapped attention with bad input: tokens whose request id has no hot buffer in the step
-// (-1, and 7 >= num_reqs = 2) wait on word num_reqs, come out empty (out 0, LSE -inf) and count as
-// errors, while the good tokens match the plain attention; a hand-off with flags but no epoch word, or
-// given to an attention over other tokens than the step's, is refused before launch.
-TEST(TieredGpu, OverlapBadRequests) {
-  REQUIRE_GPU();
-  const uint64_t seed = fresh_seed();
-  SCOPED_TRACE("seed " + std::to_string(seed));
-  const int K = 64;
-  TieredCacheConfig cfg;
-  cfg.format = KvFormat::kFP8DsMla, cfg.topk = K, cfg.max_requests = 3, cfg.max_positions = 512;
-  Tiered w(cfg, seed);
-  std::mt19937_64 rng(seed + 1);
-  Attention att(cfg.format, kRopeDim, K, 4, rng);
-  std::vector<int32_t> pos(4 * K), lens{300, 400}, req{0, 7, -1, 1};
-  for (int t = 0; t < 4; ++t)
-    for (int j = 0; j < K; ++j) pos[size_t(t * K + j)] = (t * 37 + j * 3) % 290;
-  int32_t* d_pos = dev_alloc<int32_t>(pos.size());
-  int32_t* d_lens = dev_alloc<int32_t>(2);
-  int32_t* d_req = dev_alloc<int32_t>(4);
-  int32_t* d_phys = dev_alloc<int32_t>(pos.size());
-  int32_t* d_counts = dev_alloc<int32_t>(4);
-  to_dev(d_pos, pos), to_dev(d_lens, lens), to_dev(d_req, req);
-  TieredResolveParams p = w.params(true);
-  p.num_reqs = 2, p.num_tokens = 4, p.positions = d_pos, p.pos_stride_t = K, p.topk = K, p.req_of_token = d_req;
-  p.seq_lens = d_lens, p.phys = d_phys, p.phys_stride_t = K, p.counts = d_counts;
-  const SparseMlaParams ap = att.params(4, w.d_hot, w.cache.hot_rows(), w.cache.hot_row_stride_bytes(), d_phys, d_counts);
-  att.poison(4);
-  TieredReady ready;
-  cuda::resolve_tiered(w.cache, p, nullptr, &ready);
-  ASSERT_NE(ready.flags, nullptr);
-  att.run(ap, nullptr, ready);
-  CUDA_OK(cudaDeviceSynchronize());
-  const auto counts = to_host(d_counts, 4);
-  EXPECT_EQ(counts[1], 0);
-  EXPECT_EQ(counts[2], 0);
-  EXPECT_GT(counts[0], 0);
-  EXPECT_GT(counts[3], 0);
-  EXPECT_EQ(cuda::read_tiered_counters(w.cache, w.d_state, nullptr).errors, 2u);
-  const auto out = att.out_bytes(4);
-  const auto lse = att.lse(4);
-  const size_t row = size_t(att.H) * kLatentDim * 2;
-  for (int t : {1, 2}) {
-    for (size_t i = 0; i < row; ++i) ASSERT_EQ(out[size_t(t) * row + i], 0) << "token " << t << " byte " << i;
-    for (int h = 0; h < att.H; ++h) EXPECT_TRUE(std::isinf(lse[size_t(t * att.H + h)]) && lse[size_t(t * att.H + h)] < 0);
-  }
-  // Tokens 0 and 3 against the same attention, plain, over the resolved hot buffer.
-  const auto out_ov = out;
-  const auto lse_ov = lse;
-  att.poison(4);
-  att.run(ap, nullptr);
-  CUDA_OK(cudaDeviceSynchronize());
-  EXPECT_TRUE(att.out_bytes(4) == out_ov);
-  EXPECT_EQ(0, std::memcmp(att.lse(4).data(), lse_ov.data(), lse_ov.size() * 4));
-  TieredReady broken = ready;
-  broken.epoch = nullptr;
-  try {
-    att.run(ap, nullptr, broken);
-    ADD_FAILURE() << "expected an error naming TieredReady";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("TieredReady"), std::string::npos) << e.what();
-  }
-  try {  // an attention over fewer tokens than the resolved step
-    att.run(att.params(3, w.d_hot, w.cache.hot_rows(), w.cache.hot_row_stride_bytes(), d_phys, d_counts), nullptr, ready);
-    ADD_FAILURE() << "expected an error naming the resolved step's tokens";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("the resolved step had 4"), std::string::npos) << e.what();
-  }
-  for (void* q : {static_cast<void*>(d_pos), static_cast<void*>(d_lens), static_cast<void*>(d_req),
-                  static_cast<void*>(d_phys), static_cast<void*>(d_counts)})
     cudaFree(q);
 }
 

@@ -227,7 +227,6 @@ int bench_hisparse(const Args& a) {
         ck(cudaMemcpy(d_pos.p, pos.data(), pos.size() * 4, cudaMemcpyHostToDevice), "positions");
         cuda::reset_tiered_state(tc, state.p, tc.state_bytes(), s);
 
-        TieredReady ready;  // the hand-off of the last resolve to the attention that follows it (s14)
         auto resolve = [&](int st) {
           TieredResolveParams p;
           p.num_tokens = B, p.positions = d_pos.as<int32_t>() + size_t(st) * B * K, p.pos_stride_t = K, p.topk = K;
@@ -238,17 +237,16 @@ int bench_hisparse(const Args& a) {
           p.hot = hot.p, p.hot_bytes = tc.hot_buffer_bytes(), p.state = state.p, p.state_bytes = tc.state_bytes();
           p.workspace = tws.p, p.workspace_bytes = tc.workspace_bytes();
           p.phys = phys.as<int32_t>(), p.phys_stride_t = K, p.counts = counts.as<int32_t>();
-          cuda::resolve_tiered(tc, p, s, &ready);
+          cuda::resolve_tiered(tc, p, s);
         };
-        auto attend = [&](const void* kv, int64_t rows, const int32_t* idx, const int32_t* cnt,
-                          const TieredReady& after) {
+        auto attend = [&](const void* kv, int64_t rows, const int32_t* idx, const int32_t* cnt) {
           SparseMlaParams p;
           p.num_tokens = B, p.num_heads = H, p.topk = K, p.q = q.p, p.q_dtype = DType::kBF16;
           p.kv = kv, p.num_rows = rows, p.format = fmt, p.idx = idx, p.counts = cnt;
           p.softmax_scale = 0.1352338f, p.out = out.p, p.out_dtype = DType::kBF16;
           p.lse = lse.as<float>(), p.lse_mode = LseMode::kBaseE;
           set_dense_strides(p);
-          plan.run(p, aws.p, plan.workspace_bytes(), s, after);
+          plan.run(p, aws.p, plan.workspace_bytes(), s);
         };
         auto resident_step = [&](int st) {
           IndexConvertParams ic;
@@ -257,11 +255,11 @@ int bench_hisparse(const Args& a) {
           ic.max_blocks = max_blocks, ic.block_size = kBlock, ic.block_stride_rows = kBlock;
           ic.phys = rphys.as<int32_t>(), ic.phys_stride_t = K, ic.counts = rcounts.as<int32_t>();
           cuda::convert_indices(ic, s);
-          attend(resident.p, pool_rows, rphys.as<int32_t>(), rcounts.as<int32_t>(), TieredReady{});
+          attend(resident.p, pool_rows, rphys.as<int32_t>(), rcounts.as<int32_t>());
         };
         auto tiered_step = [&](int st) {
-          resolve(st);  // then the attention, each block waiting only for its request (two-kernel path)
-          attend(hot.p, tc.hot_rows(), phys.as<int32_t>(), counts.as<int32_t>(), ready);
+          resolve(st);
+          attend(hot.p, tc.hot_rows(), phys.as<int32_t>(), counts.as<int32_t>());
         };
         for (int st = 0; st < warmup; ++st) tiered_step(st);
         ck(cudaStreamSynchronize(s), "warm-up");

@@ -169,12 +169,6 @@ __device__ __forceinline__ uint64_t globaltimer() {
   return t;
 }
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
-// A 32-bit load with acquire semantics at GPU scope (a flag raised by another grid with release).
-__device__ __forceinline__ uint32_t ld_acquire_u32(const uint32_t* p) {
-  uint32_t v;
-  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
 
 // Non-blocking: whether the phase with the given parity has completed.
 __device__ __forceinline__ bool mbar_test(uint32_t bar, uint32_t parity) {

@@ -31,9 +31,8 @@
 // most kTieredCopyFlags, about 2 x #SMs blocks in all; up to kCopyRoundUnroll loads in flight per
 // thread per round.
 //
-// Early mode (s11; one token per request, a request's copy blocks covering its K entries at one
-// per thread, and, s14, the copy grid fitting the SMs free of resolve blocks): the copy blocks do
-// not wait for a job list.
+// Early mode (s11; one token per request and a request's copy
+// blocks covering its K entries at one per thread): the copy blocks do not wait for a job list.
 // Each reads its own share of the token's entries (positions, map, block table) at its start and
 // issues the host reads of the misses it sees before the resolver has claimed anything; the
 // resolver writes no job list and raises the flags just before its first victim map write, which
@@ -44,14 +43,6 @@
 // second read of the positions; with misses, only the missed entries' map words are read again);
 // in an all-hit step copy_kernel's blocks read a zero count from their flag (before the resolver
 // ends) and exit at its end.
-//
-// The attention hand-off (s14, smla::TieredReady, docs/perf-history.md s14-hisparse-overlap): block
-// 0 of resolve_kernel advances the state's epoch word before its launch trigger; each copy block
-// takes its (request, part) from a ticket counter in start order, issues its host reads only once
-// request r - window is ready (copy_throttle: the requests land about in order), and at its end
-// arrives on its request's count; the last one raises the request's ready word to the epoch with
-// release (copy_arrive). The attention, launched next as a programmatic dependent of copy_kernel,
-// waits per block for its own request's word (sm90 wait_inputs) instead of the whole copy grid.
 //
 // One-grid step (s13, onegrid_kernel below; the default where the call allows it: one token per
 // request with req_of_token null, R <= 4608, and num_reqs x (1 + G) blocks resident at once, so
@@ -105,11 +96,6 @@ constexpr int kCopyUnroll = 16;  // 16-byte host loads in flight per thread: 64 
 // 8.7 MB in flight per round, far above what the ~55 GB/s link needs to stay busy).
 constexpr int kCopyRoundUnroll = 8;
 constexpr int kCopyBlocksPerSm = 2;
-// Request order (s14, copy_throttle): about this many copy blocks read host memory at once (64 of
-// 256 threads x 8 x 16 B each: up to 2 MB in flight; B = 32 at 90 % reuse: 8 requests, 1.07 MB;
-// B = 128: 32 requests). Larger than the link needs (~55 GB/s x a few µs), as a margin for the
-// arrival and flag round trips between one request's rows and the next one's start.
-constexpr int kCopyWindowBlocks = 64;
 int copy_blocks_override = 0;        // set_tiered_copy_blocks_for_testing (0: the launcher's choice)
 int one_grid_mode = 0;               // set_tiered_one_grid_for_testing (0: where the shape allows it, 1: never)
 bool copy_late = false;              // set_tiered_copy_late_for_testing: the first loads wait for the resolver's end
@@ -159,8 +145,6 @@ struct ResolveParams {
   int early;                    // 1: the copy blocks read their own entries (copy_early); no job list is
                                 // written and a step with misses raises the flags right before its first
                                 // map write of a victim assignment (publish_before_assign)
-  uint32_t* epoch;              // state, nullable (the one-grid step): the step's epoch word (TieredReady),
-                                // advanced by block 0 before its launch trigger
 };
 
 using Scan = cub::BlockScan<int, kThreads>;
@@ -776,17 +760,6 @@ __device__ __forceinline__ void resolve_body(const ResolveParams& p) {
   const int r = int(blockIdx.x);
   // The request's clock: the stamp word of its reserved slot R - 1 (no LRU candidate reads it).
   uint32_t* clock = p.stamps + int64_t(r) * p.R + (p.R - 1);
-  // The step's epoch (TieredReady, s14): advanced by block 0 before its launch trigger, so every copy
-  // block and every attention block (each launched only after all of this grid's blocks triggered)
-  // reads the new value; the fence makes the store visible at GPU scope before the trigger.
-  if (p.epoch != nullptr && blockIdx.x == 0) {
-    if (threadIdx.x == 0) {
-      volatile uint32_t* e = p.epoch;
-      *e = *e + 1u;
-      __threadfence();
-    }
-    __syncthreads();
-  }
   // copy_kernel (a PDL launch) may start its blocks now; they wait for this grid's end.
   ptx::pdl_launch_dependents();
   phase_stamp(p.phase, kPhStart);
@@ -900,18 +873,6 @@ struct CopyParams {
   int64_t bt_stride;
   int max_blocks, block_size;
   int64_t block_stride_rows;
-  // The hand-off to the attention (TieredReady, s14), nullable: ready words [num_reqs + 1], arrival
-  // counts [num_reqs], the epoch word. The last copy block of a request to finish raises its word.
-  uint32_t* ready;
-  uint32_t* arrive;
-  const uint32_t* epoch;
-  int num_reqs;
-  // Request order (s14), with ready set: each block takes its (request, part) from a ticket counter
-  // in the order the blocks start (tickets cycle 0 .. grid - 1, so the counter is 0 between steps),
-  // and a block of request r >= window issues its host reads only once request r - window is ready:
-  // the requests' rows land about in request order, about `window` requests in flight.
-  uint32_t* ticket;
-  int window;
 };
 
 constexpr int kCopyThreads = 256;
@@ -934,46 +895,6 @@ __device__ __forceinline__ void copy_load(const CopyParams& c, const CopyJob* jo
       rd.v[u] = *reinterpret_cast<const uint4*>(c.pool + int64_t(src_row) * c.pool_stride + 16 * (i % c.pieces));
     }
   }
-}
-
-// A release store at GPU scope: the ready words the attention reads with acquire (TieredReady).
-__device__ __forceinline__ void st_release(uint32_t* p, uint32_t v) {
-  asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
-}
-
-// The end of every copy block (s14): after its row stores (all its threads, ordered by the barrier)
-// it arrives on its request's count; the request's last block to arrive zeroes the count for the
-// next step and raises the request's ready word to the step's epoch with release (fence-fence
-// synchronization through the count's atomic chain carries every block's stores). Grid block 0
-// also raises word num_reqs (the ids of tokens without a hot buffer, written by the resolver, whose
-// end every copy block has passed). Called after pdl_wait, so the epoch read is the resolver's.
-__device__ __forceinline__ void copy_arrive(const CopyParams& c, int r) {
-  if (c.ready == nullptr) return;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    const uint32_t e = __ldcg(c.epoch);
-    if (blockIdx.x == 0) st_release(c.ready + c.num_reqs, e);
-    __threadfence();
-    const uint32_t n = atomicAdd(c.arrive + r, 1u);
-    if (n == uint32_t(c.blocks_per_req) - 1u) {
-      c.arrive[r] = 0u;  // no block of this step reads it again
-      __threadfence();
-      st_release(c.ready + r, e);
-    }
-  }
-}
-
-// Request order (s14): a block of request r >= window waits, before its first host read, until
-// request r - window is ready. It waits only on blocks with earlier tickets (started, hence resident),
-// which wait only on still earlier ones or on the resolver (every block of which started before this
-// grid launched), so the waits end. Every thread of the block calls it.
-__device__ __forceinline__ void copy_throttle(const CopyParams& c, int r) {
-  if (c.ready == nullptr || c.window <= 0 || r < c.window) return;
-  if (threadIdx.x == 0) {
-    const uint32_t e = ptx::ld_acquire_u32(c.epoch);  // the resolver advanced it before this grid launched
-    while (ptx::ld_acquire_u32(c.ready + (r - c.window)) != e) __nanosleep(256);
-  }
-  __syncthreads();
 }
 
 // The stores of a round, after the resolver's end: each piece's slot is its position's final map
@@ -1085,10 +1006,9 @@ __device__ void copy_early(const CopyParams& c, int r, int part) {
   }
   __syncthreads();
   volatile uint32_t* flag = c.flags + int64_t(r) * kTieredCopyFlags + part;
-  __shared__ uint32_t s_at_check;  // held in shared memory across copy_throttle's wait
-  if (t == 0) s_at_check = *flag;
+  uint32_t at_check = 0;
+  if (t == 0) at_check = *flag;
   const int n = s_n;
-  if (n > 0) copy_throttle(c, r);  // after the in-time check, before the host reads (n: uniform)
   uint8_t* hot = c.hot + int64_t(r) * c.R * c.hot_stride;
   CopyRound rd;
   const int total = n * c.pieces;
@@ -1106,7 +1026,7 @@ __device__ void copy_early(const CopyParams& c, int r, int part) {
     *flag = 0;  // this block is the flag's only reader: zero again for the next step
     // The flag holds the request's miss count + 1: with no miss (an all-hit step, a request without
     // tokens or dropped) there is nothing to store, however late the check was.
-    s_late = v == 1 ? 2 : (s_at_check != 0 || c.force_late) ? 1 : 0;
+    s_late = v == 1 ? 2 : (at_check != 0 || c.force_late) ? 1 : 0;
   }
   phase_max(c.phase, kPhCopyFlag);
   __syncthreads();
@@ -1135,8 +1055,25 @@ __device__ void copy_early(const CopyParams& c, int r, int part) {
   copy_early_rounds(c, map, hot, s_pos, s_row, s_n * c.pieces, !late, rd);
 }
 
-// copy_kernel's job-list mode: the rows the resolver listed for request r, part `part` of them.
-__device__ __forceinline__ void copy_jobs(const CopyParams& c, int r, int part) {
+// Copies the claimed rows: request blockIdx.x / blocks_per_req, the part blockIdx.x %
+// blocks_per_req of its 16-byte pieces (strided, kCopyRoundUnroll loads in flight per thread).
+// A PDL launch: the blocks are resident while resolve_kernel runs. Each waits for its own flag
+// (raised by the resolve block right after classification, with the job list complete), clears
+// it, and issues its first round of host loads at once; only the stores wait for the resolver's
+// end (griddepcontrol.wait), when the victims are in the map. Later rounds (large steps) load and
+// store in turn. No deadlock: the resolve blocks have all started (each triggers the launch at its
+// first instruction) and none waits for a copy block.
+__global__ void __launch_bounds__(kCopyThreads) copy_kernel(CopyParams c) {
+  // A programmatic dependent launch behind this kernel may start its blocks on free SMs now; they
+  // wait for this grid's end, which follows the resolver's (every block waits for it).
+  ptx::pdl_launch_dependents();
+  phase_max(c.phase, kPhCopyStart);
+  const int r = int(blockIdx.x) / c.blocks_per_req, part = int(blockIdx.x) % c.blocks_per_req;
+  if (c.early) {
+    copy_early(c, r, part);
+    phase_max(c.phase, kPhCopyEnd);
+    return;
+  }
   __shared__ int s_count;
   if (threadIdx.x == 0) {
     volatile uint32_t* flag = c.flags + int64_t(r) * kTieredCopyFlags + part;
@@ -1159,49 +1096,19 @@ __device__ __forceinline__ void copy_jobs(const CopyParams& c, int r, int part) 
   int base = part * kCopyThreads + int(threadIdx.x);
   CopyRound rd;
   if (c.late) ptx::pdl_wait();
-  if (total > 0) copy_throttle(c, r);  // uniform: s_count is the block's
   copy_load(c, jobs, base, width, total, rd);  // before the victims are chosen
   phase_max(c.phase, kPhCopyLoads);
   ptx::pdl_wait();  // resolve_kernel's end: map final (a no-op unless launched with PDL)
   phase_max(c.phase, kPhCopyWait);
-  if (total > 0) {
+  if (total == 0) {
+    phase_max(c.phase, kPhCopyEnd);
+    return;
+  }
+  copy_store(c, jobs, map, hot, base, width, total, rd);
+  for (base += width * kCopyRoundUnroll; base < total; base += width * kCopyRoundUnroll) {
+    copy_load(c, jobs, base, width, total, rd);
     copy_store(c, jobs, map, hot, base, width, total, rd);
-    for (base += width * kCopyRoundUnroll; base < total; base += width * kCopyRoundUnroll) {
-      copy_load(c, jobs, base, width, total, rd);
-      copy_store(c, jobs, map, hot, base, width, total, rd);
-    }
   }
-}
-
-// Copies the claimed rows: request id / blocks_per_req, the part id % blocks_per_req of its 16-byte
-// pieces (strided, kCopyRoundUnroll loads in flight per thread), id the block's ticket (its start
-// order; s14).
-// A PDL launch: the blocks are resident while resolve_kernel runs. Each waits for its own flag
-// (raised by the resolve block right after classification, with the job list complete), clears
-// it, and issues its first round of host loads at once; only the stores wait for the resolver's
-// end (griddepcontrol.wait), when the victims are in the map. Later rounds (large steps) load and
-// store in turn. No deadlock: the resolve blocks have all started (each triggers the launch at its
-// first instruction; block 0 after the epoch) and none waits for a copy block; a copy block waits
-// otherwise only for blocks with earlier tickets (copy_throttle), which have started.
-// 64 registers at most (the launch bound): one block then fits beside a resolve block (94 x 512).
-__global__ void __launch_bounds__(kCopyThreads, 4) copy_kernel(CopyParams c) {
-  // The attention (a programmatic dependent launch behind this kernel, s14) may start its blocks once
-  // every copy block has passed this line, so all of them are resident (or done) before any attention
-  // block can hold an SM; each attention block waits only for its request's ready word (copy_arrive).
-  ptx::pdl_launch_dependents();
-  phase_max(c.phase, kPhCopyStart);
-  __shared__ int s_id;
-  if (threadIdx.x == 0) {
-    uint32_t id = blockIdx.x;
-    if (c.ticket != nullptr) id = atomicInc(c.ticket, gridDim.x - 1u) % gridDim.x;  // start order
-    s_id = int(id);
-  }
-  __syncthreads();
-  const int r = s_id / c.blocks_per_req, part = s_id % c.blocks_per_req;
-  if (c.early) copy_early(c, r, part);
-  else copy_jobs(c, r, part);
-  // One call site (two inlined copies cost the kernel its 64 registers): r read again from shared memory.
-  copy_arrive(c, *reinterpret_cast<volatile int*>(&s_id) / c.blocks_per_req);
   phase_max(c.phase, kPhCopyEnd);
 }
 
@@ -1632,8 +1539,7 @@ static int one_grid_workers(const TieredCache& cache, int num_reqs, int topk, bo
   return int64_t(num_reqs) * (g + 1) <= int64_t(per_sm) * sms ? g : 0;
 }
 
-void resolve_tiered(const TieredCache& cache, const TieredResolveParams& p, void* stream, TieredReady* ready) {
-  if (ready != nullptr) *ready = TieredReady{};  // empty unless the two-kernel path below runs
+void resolve_tiered(const TieredCache& cache, const TieredResolveParams& p, void* stream) {
   cache.check(p);
   check_cuda_limits(cache);
   SMLA_CHECK(p.workspace_bytes >= cache.workspace_bytes() && (cache.workspace_bytes() == 0 || p.workspace),
@@ -1692,13 +1598,7 @@ void resolve_tiered(const TieredCache& cache, const TieredResolveParams& p, void
   // Early mode (copy_early): one token per request (token t -> request t, or a request map with at
   // most one token per request), and every entry of a token held by one copy thread. Depends on
   // the call's shape only, like the grid.
-  // The launcher's choice (mode 0) also asks that the copy grid fit the SMs the resolve blocks leave
-  // free (s14): a copy block beside a resolve block, its host reads out before the resolver raises
-  // the flags, held that block's __threadfence in publish_before_assign until the reads drained
-  // (H200, B = 32 at 90 % reuse: "ranked" at 99 µs, 88 µs after the search; docs/perf-history.md
-  // s14-hisparse-overlap). The job list fences before any host read starts.
-  const bool early_on = early_read_mode >= 2 ||
-                        (early_read_mode == 0 && int64_t(blocks_per_req) * p.num_reqs <= int64_t(sms) - p.num_reqs);
+  const bool early_on = early_read_mode == 0 || early_read_mode >= 2;
   k.phase = phase_buffer;
   k.early = early_on && !copy_late && (p.req_of_token == nullptr || c.max_tokens_per_request == 1) &&
             int64_t(blocks_per_req) * kCopyThreads >= p.topk;
@@ -1710,7 +1610,7 @@ void resolve_tiered(const TieredCache& cache, const TieredResolveParams& p, void
   if (og_workers > 0) {
     const int64_t blocks = int64_t(p.num_reqs) * (og_workers + 1);
     ResolveParams g = k;
-    g.early = 0, g.copy_blocks_per_req = 0, g.epoch = nullptr;
+    g.early = 0, g.copy_blocks_per_req = 0;
     g.copy_flags = reinterpret_cast<uint32_t*>(base + L.copy_flags);
     const int per = tiered::onegrid_entries(p.topk, og_workers);
     cudaLaunchConfig_t lc{};
@@ -1734,11 +1634,6 @@ void resolve_tiered(const TieredCache& cache, const TieredResolveParams& p, void
     (void)cudaGetLastError();
   }
 
-  // The hand-off to the attention (TieredReady): ready words, arrival counts, the epoch word.
-  auto* ready_words = reinterpret_cast<uint32_t*>(base + L.ready);
-  auto* arrive_words = ready_words + (c.max_requests + 1);
-  auto* epoch_word = arrive_words + c.max_requests;
-  k.epoch = p.num_reqs > 0 ? epoch_word : nullptr;
   // The attribute is set on every call: it belongs to the current device, and the call is cheap.
   if (c.hot_slots <= kThreads * kItemsSmall) {
     constexpr int kSmem = int(sizeof(ResolveSmem<kItemsSmall>));
@@ -1768,9 +1663,6 @@ void resolve_tiered(const TieredCache& cache, const TieredResolveParams& p, void
   cp.req_of_token = k.req_of_token, cp.seq_lens = k.seq_lens, cp.pool_rows = k.pool_rows;
   cp.block_table = k.block_table, cp.bt_stride = k.bt_stride, cp.max_blocks = k.max_blocks;
   cp.block_size = k.block_size, cp.block_stride_rows = k.block_stride_rows;
-  cp.ready = ready_words, cp.arrive = arrive_words, cp.epoch = epoch_word, cp.num_reqs = p.num_reqs;
-  cp.ticket = epoch_word + 1;
-  cp.window = int(std::max<int64_t>(1, (kCopyWindowBlocks + blocks_per_req - 1) / blocks_per_req));
   // A PDL launch: its blocks become resident while resolve_kernel runs (every resolve block
   // triggers at its start), start their host reads at their flag and wait in pdl_wait() for its
   // end before storing, so no launch gap and no victim choice sits before the host reads.
@@ -1785,10 +1677,6 @@ void resolve_tiered(const TieredCache& cache, const TieredResolveParams& p, void
   lc.numAttrs = 1;
   check_cuda(cudaLaunchKernelEx(&lc, copy_kernel, cp), "copy_kernel launch (PDL)");
   check_launch("copy_kernel");
-  if (ready != nullptr) {
-    ready->flags = ready_words, ready->epoch = epoch_word, ready->req_of_token = p.req_of_token;
-    ready->num_reqs = p.num_reqs, ready->num_tokens = p.num_tokens;
-  }
 }
 
 void set_tiered_copy_blocks_for_testing(int blocks_per_request) { copy_blocks_override = blocks_per_request; }

@@ -65,15 +65,6 @@ struct KernelParams {
   uint16_t* part_out;  // [T, H, num_splits, 512] bf16 bits
   float* part_lse;  // [T, H, num_splits] fp32
 
-  // HiSparse overlap (smla::TieredReady, docs/perf-history.md s14-hisparse-overlap), nullable: the
-  // launch is a programmatic dependent of the tiered copy kernel, and each block, instead of
-  // griddepcontrol.wait, waits for word q of `ready` to equal *ready_epoch (acquire), q its token's
-  // request (ready_req[t], or t when null; ready_num_reqs when outside [0, ready_num_reqs)).
-  const uint32_t* ready;
-  const uint32_t* ready_epoch;
-  const int32_t* ready_req;
-  int ready_num_reqs;
-
 #if SMLA_PHASE_TIMER
   uint64_t* phase;  // nullable: %globaltimer stamps for `smla bench --phases` (cuda/common/phase.h)
 #endif

@@ -87,7 +87,7 @@ __global__ void __launch_bounds__(WsConfig::kThreads, 1) sparse_mla_ws_kernel(co
   // (A no-op under launch_ws's plain launch; kept so that the kernel is correct as a programmatic
   // dependent too: every input (counts, idx, rows, q) may come from the kernel before it, so nothing
   // global is read or written above this line.)
-  wait_inputs(p);  // griddepcontrol.wait, or the HiSparse overlap's wait for this token's request
+  ptx::pdl_wait();
   const WsBlock w = block_work(p);
 
   const int wg = threadIdx.x / 128, wt = threadIdx.x % 128;
@@ -122,22 +122,13 @@ void launch_ws(const KernelParams& p, cudaStream_t stream) {
                                       std::to_string(kSmemBytes) + " bytes: " + cudaGetErrorString(ea));
     attribute_set.fetch_or(bit, std::memory_order_release);
   }
-  // A plain launch (session 11's programmatic dependent launch behind the HiSparse copy kernel, each
-  // block waiting for the whole copy grid, made the all-hit decode step slower on the H200:
-  // docs/perf-history.md s11-hisparse). With the HiSparse overlap (p.ready, s14) a programmatic
-  // dependent of the copy kernel whose blocks wait per request (wait_inputs).
+  // A plain launch (session 11's programmatic dependent launch behind the HiSparse copy kernel made the
+  // all-hit decode step slower on the H200: docs/perf-history.md s11-hisparse).
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(unsigned(p.num_tokens * p.head_groups), 1, unsigned(p.num_splits));
   cfg.blockDim = dim3(Cfg::kThreads);
   cfg.dynamicSmemBytes = kSmemBytes;
   cfg.stream = stream;
-  cudaLaunchAttribute attr{};
-  if (p.ready != nullptr) {
-    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr.val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
-  }
   const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, p);
   SMLA_CHECK(e == cudaSuccess, std::string("sparse MLA kernel launch failed: ") + cudaGetErrorString(e));
 }

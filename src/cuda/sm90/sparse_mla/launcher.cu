@@ -132,7 +132,7 @@ size_t sparse_mla_workspace_bytes(const SparseMlaParams& p, int num_sms, int num
 }
 
 void sparse_mla(const SparseMlaParams& p, void* workspace, size_t workspace_bytes, void* stream, int num_splits,
-                bool batch_invariant, const TieredReady* after) {
+                bool batch_invariant) {
   validate(p);
   const CudaVariant& variant = variant_for(p, batch_invariant);
   check_call(p);
@@ -189,18 +189,6 @@ void sparse_mla(const SparseMlaParams& p, void* workspace, size_t workspace_byte
 #if SMLA_PHASE_TIMER
   kp.phase = phase::buffer();
 #endif
-  // The HiSparse overlap (s14): only the 64-head kernels wait per request (wait_inputs); swapab reads
-  // counts before any wait and keeps its plain launch after the whole resolve.
-  const bool waits = after != nullptr && after->flags != nullptr && &variant != &kCudaVariants[0];
-  if (waits) {
-    SMLA_CHECK(after->epoch != nullptr && after->num_reqs >= 1,
-               "TieredReady: flags without an epoch word or with num_reqs < 1; pass the one cuda::resolve_tiered filled");
-    SMLA_CHECK(p.num_tokens == after->num_tokens,
-               "TieredReady: the attention reads " + std::to_string(p.num_tokens) + " tokens but the resolved step had " +
-                   std::to_string(after->num_tokens) + "; run the attention over the step's tokens (idx = its phys rows)");
-    kp.ready = after->flags, kp.ready_epoch = after->epoch, kp.ready_req = after->req_of_token;
-    kp.ready_num_reqs = after->num_reqs;
-  }
 
   auto s = static_cast<cudaStream_t>(stream);
   const bool fp16 = p.q_dtype == DType::kFP16;

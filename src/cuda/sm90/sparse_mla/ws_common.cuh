@@ -58,30 +58,6 @@ __device__ __forceinline__ WsBlock block_work(const KernelParams& p) {
   return w;
 }
 
-// The point before which a block reads or writes nothing global. Plain or programmatic launch:
-// griddepcontrol.wait (a no-op under a plain launch). HiSparse overlap (p.ready set, s14): the
-// block waits only for its own token's request, whose ready word the tiered copy blocks raise
-// with release once its rows and ids are in place; thread 0's acquire load, then the block barrier,
-// order every later read of the block (counts, ids, rows) after them. Those inputs are never written
-// again during this grid, so the ids' non-coherent loads (__ldg) after the wait read the final values.
-// Deadlock-free: this grid is launched only after every copy block has started (each triggers at its
-// first instruction), and a copy block waits for nothing but the resolver, whose blocks all started
-// before the copy grid could launch.
-__device__ __forceinline__ void wait_inputs(const KernelParams& p) {
-  if (p.ready == nullptr) {
-    ptx::pdl_wait();
-    return;
-  }
-  if (threadIdx.x == 0) {
-    const int64_t t = blockIdx.x / p.head_groups;
-    int64_t q = p.ready_req != nullptr ? int64_t(p.ready_req[t]) : t;
-    if (q < 0 || q >= p.ready_num_reqs) q = p.ready_num_reqs;  // no hot buffer: the resolver's end
-    const uint32_t e = ptx::ld_acquire_u32(p.ready_epoch);
-    while (ptx::ld_acquire_u32(p.ready + q) != e) __nanosleep(128);
-  }
-  __syncthreads();
-}
-
 // Physical 16-byte chunk of logical chunk `ch` in row `r` of a 128-byte-swizzled atom: XOR by
 // row inside groups of 8 chunks, so 8 consecutive rows at one logical chunk land in 8 different
 // bank groups (the wgmma 128-byte swizzle).
