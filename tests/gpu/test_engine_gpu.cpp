@@ -283,10 +283,17 @@ smla::testing::HostProblem sub_problem(const smla::testing::HostProblem& full, c
   return hp;
 }
 
+// bf16 at H = 128, and fp8_ds_mla at H = 24 / fp8_e4m3 at H = 32, where a plan that is not batch-invariant runs
+// h64.ws for calls of fewer than 32 rows and swapab above (smla/support.h kSwapAbN32MinRows): the batch-invariant
+// plan runs swapab for the single rows too, so their bits equal the 200-row batch's.
 TEST(PlanGpu, BatchInvariantRowsDoNotDependOnTheBatch) {
   REQUIRE_GPU();
+  for (const auto& [format, heads] : {std::pair{smla::KvFormat::kBF16, 128}, std::pair{smla::KvFormat::kFP8DsMla, 24},
+                                      std::pair{smla::KvFormat::kFP8E4M3, 32}}) {
+  SCOPED_TRACE(std::string(smla::to_string(format)) + " H = " + std::to_string(heads));
   auto s = mixed_batch();
-  s.num_tokens = 200, s.topk = 2048, s.num_heads = 128, s.num_rows = 50000;
+  s.num_tokens = 200, s.topk = 2048, s.num_heads = heads, s.num_rows = 50000;
+  s.format = format;
   auto cfg = cuda_config(s, 256);
   cfg.batch_invariant = true;
   cfg.graph_sizes.clear();
@@ -316,6 +323,7 @@ TEST(PlanGpu, BatchInvariantRowsDoNotDependOnTheBatch) {
                                size_t(s.num_heads) * 4))
           << "LSE of row " << r;
     }
+  }
   }
 }
 
